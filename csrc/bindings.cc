@@ -1,0 +1,85 @@
+// The only file that knows Python: exposes the engine as pipesgd._C.
+//
+// Buffers cross as (address, count, dtype): pipesgd/engine.py validates numpy
+// arrays and torch tensors and keeps them alive until their operation ends, so
+// nothing here holds Python objects while the comm thread runs.
+#include <mpi4py/mpi4py.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "dtype.h"
+#include "engine.h"
+#include "operation.h"
+
+namespace py = pybind11;
+
+namespace pipesgd {
+void bind_compression(py::module_& m);
+
+namespace {
+
+MPI_Comm communicator_from(const py::object& comm) {
+  MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
+  if (handle == nullptr) throw py::error_already_set();
+  if (*handle == MPI_COMM_NULL) throw std::invalid_argument("communicator is MPI.COMM_NULL");
+  return *handle;
+}
+
+}  // namespace
+}  // namespace pipesgd
+
+PYBIND11_MODULE(_C, m) {
+  using namespace pipesgd;
+  if (import_mpi4py() < 0) throw py::error_already_set();
+  m.doc() = "pipesgd's compiled engine: ring-AllReduce on a communication thread";
+
+  py::enum_<FailureKind>(m, "FailureKind")
+      .value("NONE", FailureKind::kNone)
+      .value("MISMATCH", FailureKind::kMismatch)
+      .value("ABORTED", FailureKind::kAborted)
+      .value("MPI", FailureKind::kMpi)
+      .value("INVALID", FailureKind::kInvalid);
+
+  py::class_<Operation, std::shared_ptr<Operation>>(m, "Operation")
+      .def_readonly("seq", &Operation::seq)
+      .def("wait", &Operation::wait, py::arg("timeout_s"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Block until finished or timeout_s elapses (negative: forever); True if finished.")
+      .def("done", &Operation::finished)
+      .def("failed", [](const Operation& op) { return op.status() == OpStatus::kFailed; })
+      .def("failure", &Operation::failure)
+      .def("error", &Operation::error)
+      .def("describe", &Operation::describe)
+      .def_property_readonly("waiting_on", [](const Operation& op) { return op.waiting_on.load(); })
+      .def_property_readonly("phase",
+                             [](const Operation& op) { return std::string(op.phase.load()); });
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init([](const py::object& comm, std::size_t segment_bytes) {
+             MPI_Comm c = communicator_from(comm);
+             py::gil_scoped_release release;
+             return std::make_unique<Engine>(c, segment_bytes);
+           }),
+           py::arg("comm"), py::arg("segment_bytes") = 0)
+      .def(
+          "allreduce",
+          [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,
+             const std::string& op, const std::string& compression) {
+            return e.allreduce(reinterpret_cast<void*>(address), count, parse_dtype(dtype),
+                               parse_reduce_op(op), parse_compression(compression));
+          },
+          py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("compression"))
+      .def("shutdown", &Engine::shutdown, py::arg("timeout_s") = -1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("size", &Engine::size)
+      .def_property_readonly("segment_bytes", &Engine::segment_bytes)
+      .def_property_readonly("is_shut_down", &Engine::is_shut_down);
+
+  bind_compression(m);
+}

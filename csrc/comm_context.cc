@@ -1,0 +1,167 @@
+#include "comm_context.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "mpi_check.h"
+
+namespace pipesgd {
+namespace {
+
+constexpr int kControlTag = 1;
+constexpr int kFirstOpTag = 2;
+constexpr int kControlBytes = 4096;
+
+void sleep_us(int us) {
+  if (us <= 0) return;
+  timespec ts{};
+  ts.tv_sec = us / 1000000;
+  ts.tv_nsec = static_cast<long>(us % 1000000) * 1000L;
+  nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+CommContext::CommContext(MPI_Comm comm, const EnvConfig& config)
+    : comm_(comm), config_(config), control_buf_(kControlBytes) {
+  PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
+  PSG_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), -1);
+  PSG_MPI_CHECK(MPI_Comm_size(comm_, &size_), -1);
+  void* attr = nullptr;
+  int found = 0;
+  PSG_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &found), -1);
+  const int tag_ub = found ? *static_cast<int*>(attr) : 32767;
+  tag_period_ = std::max(1, (tag_ub - kFirstOpTag) / 2);
+  if (size_ > 1) post_control_receive();
+}
+
+CommContext::~CommContext() = default;
+
+int CommContext::header_tag(std::uint64_t seq) const {
+  return kFirstOpTag + 2 * static_cast<int>(seq % static_cast<std::uint64_t>(tag_period_));
+}
+
+int CommContext::data_tag(std::uint64_t seq) const { return header_tag(seq) + 1; }
+
+void CommContext::post_control_receive() {
+  PSG_MPI_CHECK(MPI_Irecv(control_buf_.data(), kControlBytes, MPI_CHAR, MPI_ANY_SOURCE,
+                          kControlTag, comm_, &control_req_),
+                -1);
+}
+
+void CommContext::check_control() {
+  if (control_req_ == MPI_REQUEST_NULL) return;
+  int arrived = 0;
+  MPI_Status status;
+  PSG_MPI_CHECK(MPI_Test(&control_req_, &arrived, &status), -1);
+  if (!arrived) return;
+  int len = 0;
+  MPI_Get_count(&status, MPI_CHAR, &len);
+  const std::string message(control_buf_.data(), static_cast<std::size_t>(std::max(len, 0)));
+  // Keep listening: a second peer may report the same failure.
+  post_control_receive();
+  throw OpFailure(FailureKind::kMismatch, message);
+}
+
+void CommContext::broadcast_failure(const Operation& op, const std::string& message) {
+  (void)op;
+  std::string text = message.substr(0, kControlBytes);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    control_send_bufs_.push_back(text);
+    control_sends_.push_back(MPI_REQUEST_NULL);
+    const std::string& buf = control_send_bufs_.back();
+    // Failure reporting is best effort: the local operation fails regardless.
+    MPI_Isend(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, peer, kControlTag, comm_,
+              &control_sends_.back());
+  }
+}
+
+void CommContext::request_abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    abort_reason_ = reason;
+  }
+  abort_requested_.store(true);
+}
+
+void CommContext::poll_once(Operation& op, int peer, const char* phase) {
+  check_control();
+  if (abort_requested_.load()) {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    throw OpFailure(FailureKind::kAborted,
+                    op.describe() + " " + abort_reason_ + " while waiting for rank " +
+                        std::to_string(peer) + " (" + phase + ")");
+  }
+  if (stall_seq_ != op.seq) {
+    stall_seq_ = op.seq;
+    stall_warned_ = false;
+  }
+  if (!stall_warned_) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - op.started).count();
+    if (waited > config_.stall_seconds) {
+      stall_warned_ = true;
+      std::fprintf(stderr,
+                   "pipesgd: rank %d: %s has waited %.0f s for rank %d (%s); check that every "
+                   "rank submits the same operations in the same order "
+                   "(PIPESGD_STALL_SECONDS=%.0f)\n",
+                   rank_, op.describe().c_str(), waited, peer, phase, config_.stall_seconds);
+      std::fflush(stderr);
+    }
+  }
+  sleep_us(config_.poll_us);
+}
+
+void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
+  op.waiting_on.store(peer);
+  op.phase.store(phase);
+  for (;;) {
+    int done = 0;
+    PSG_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), peer);
+    if (done) return;
+    poll_once(op, peer, phase);
+  }
+}
+
+void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer,
+                           const char* phase) {
+  if (reqs.empty()) return;
+  op.waiting_on.store(peer);
+  op.phase.store(phase);
+  for (;;) {
+    int done = 0;
+    PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
+                              MPI_STATUSES_IGNORE),
+                  peer);
+    if (done) return;
+    poll_once(op, peer, phase);
+  }
+}
+
+void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {
+  for (MPI_Request& req : reqs) {
+    if (req == MPI_REQUEST_NULL) continue;
+    int done = 0;
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) continue;
+    if (cancel) MPI_Cancel(&req);
+    MPI_Request_free(&req);
+  }
+  reqs.clear();
+}
+
+void CommContext::close(bool clean) {
+  if (control_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&control_req_);
+    MPI_Wait(&control_req_, MPI_STATUS_IGNORE);
+  }
+  release_requests(control_sends_, false);
+  if (clean && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,91 @@
+// The comm thread's view of MPI: its communicator, polite polling, tags, and the
+// control channel that spreads a failure to every rank.
+//
+// Waiting is polite on purpose: when ranks outnumber cores, a thread spinning
+// in MPI_Wait steals the compute thread's core. Open MPI only progresses inside
+// MPI calls, so while requests are in flight we MPI_Test, then sleep poll_us.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "env.h"
+#include "operation.h"
+
+namespace pipesgd {
+
+// Thrown inside an algorithm to end the operation with a given failure kind.
+class OpFailure : public std::runtime_error {
+ public:
+  OpFailure(FailureKind kind, const std::string& message)
+      : std::runtime_error(message), kind_(kind) {}
+  FailureKind kind() const { return kind_; }
+
+ private:
+  FailureKind kind_;
+};
+
+class CommContext {
+ public:
+  // Takes ownership of `comm` (already duplicated by the caller).
+  CommContext(MPI_Comm comm, const EnvConfig& config);
+  ~CommContext();
+  CommContext(const CommContext&) = delete;
+  CommContext& operator=(const CommContext&) = delete;
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const EnvConfig& config() const { return config_; }
+
+  // Tags: one header and one data tag per sequence number (mod the tag range),
+  // so a failed operation's stray messages can never match a later one.
+  int header_tag(std::uint64_t seq) const;
+  int data_tag(std::uint64_t seq) const;
+
+  // Polls until `req` completes. Throws OpFailure if a peer broadcast a failure,
+  // if abort() was called, or if MPI fails. Prints a stall warning once per op.
+  void wait(MPI_Request& req, Operation& op, int peer, const char* phase);
+  void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
+
+  // Tells every other rank that `op` failed with `message` (non-blocking sends).
+  void broadcast_failure(const Operation& op, const std::string& message);
+  // Throws OpFailure(kMismatch) if a failure message from a peer has arrived.
+  void check_control();
+
+  // Requested by the engine at shutdown: makes the current wait fail.
+  void request_abort(const std::string& reason);
+  // Drops what is still posted after a failure: receives are cancelled, sends
+  // are freed and left to MPI (cancelling sends is deprecated since MPI 4.0).
+  void release_requests(std::vector<MPI_Request>& reqs, bool cancel);
+  // Frees the communicator once no operation is in flight.
+  void close(bool clean);
+
+ private:
+  void post_control_receive();
+  void poll_once(Operation& op, int peer, const char* phase);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  int tag_period_ = 1;
+  EnvConfig config_;
+  MPI_Request control_req_ = MPI_REQUEST_NULL;
+  std::vector<char> control_buf_;
+  std::vector<MPI_Request> control_sends_;
+  std::deque<std::string> control_send_bufs_;  // stable addresses for pending sends
+  std::atomic<bool> abort_requested_{false};
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
+  bool stall_warned_ = false;
+  std::uint64_t stall_seq_ = UINT64_MAX;
+};
+
+}  // namespace pipesgd

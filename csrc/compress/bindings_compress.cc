@@ -1,0 +1,163 @@
+// Python access to the compression kernels: the submodule pipesgd._C.compression.
+//
+// Thin, allocation-free wrappers: every output buffer is passed in by the caller
+// (pipesgd/compression.py allocates them), sizes are taken from the float array, and
+// the GIL is released while a kernel runs. Arrays are checked here too (dtype,
+// C-contiguity, alignment, writability, length) so a wrong call raises ValueError
+// instead of touching memory it does not own.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "compress/kernels.h"
+
+namespace py = pybind11;
+
+namespace pipesgd {
+namespace {
+
+// Pointer to the data of `a`, after checking it is a C-contiguous, aligned array of
+// `expected` elements of T (writable if `writable`).
+template <typename T>
+T* checked_data(const py::array& a, std::size_t expected, const char* name, bool writable) {
+  if (!a.dtype().is(py::dtype::of<T>())) {
+    throw py::value_error(std::string(name) + ": expected dtype " +
+                          py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
+                          py::str(a.dtype()).cast<std::string>());
+  }
+  if (!(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) + ": array must be C-contiguous");
+  }
+  if (static_cast<std::size_t>(a.size()) != expected) {
+    throw py::value_error(std::string(name) + ": expected " + std::to_string(expected) +
+                          " elements, got " + std::to_string(a.size()));
+  }
+  if (writable && !a.writeable()) {
+    throw py::value_error(std::string(name) + ": array is read-only");
+  }
+  auto* ptr = static_cast<T*>(const_cast<void*>(a.data()));
+  if (reinterpret_cast<std::uintptr_t>(ptr) % alignof(T) != 0) {
+    throw py::value_error(std::string(name) + ": data is not aligned to " +
+                          std::to_string(alignof(T)) + " bytes");
+  }
+  return ptr;
+}
+
+std::size_t float_count(const py::array& a, const char* name) {
+  checked_data<float>(a, static_cast<std::size_t>(a.size()), name, false);
+  return static_cast<std::size_t>(a.size());
+}
+
+void bind_trunc16(py::module_& m) {
+  m.def("trunc16_wire_bytes", &psg_trunc16_wire_bytes, py::arg("n"));
+  m.def(
+      "trunc16_encode",
+      [](const py::array& x, const py::array& wire) {
+        std::size_t n = float_count(x, "x");
+        const float* px = checked_data<float>(x, n, "x", false);
+        auto* pw = checked_data<std::uint16_t>(wire, n, "wire", true);
+        py::gil_scoped_release release;
+        psg_trunc16_encode(px, n, pw);
+      },
+      py::arg("x"), py::arg("wire"), "wire[uint16, n] = upper 16 bits of x[float32, n]");
+  m.def(
+      "trunc16_decode",
+      [](const py::array& wire, const py::array& out) {
+        std::size_t n = float_count(out, "out");
+        const auto* pw = checked_data<std::uint16_t>(wire, n, "wire", false);
+        float* po = checked_data<float>(out, n, "out", true);
+        py::gil_scoped_release release;
+        psg_trunc16_decode(pw, n, po);
+      },
+      py::arg("wire"), py::arg("out"), "out[float32, n] = decode(wire[uint16, n])");
+  m.def(
+      "trunc16_decode_add_encode",
+      [](const py::array& in_wire, const py::array& local, const py::array& out_wire) {
+        std::size_t n = float_count(local, "local");
+        const auto* pi = checked_data<std::uint16_t>(in_wire, n, "in_wire", false);
+        const float* pl = checked_data<float>(local, n, "local", false);
+        auto* po = checked_data<std::uint16_t>(out_wire, n, "out_wire", true);
+        py::gil_scoped_release release;
+        psg_trunc16_decode_add_encode(pi, pl, n, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("out_wire"),
+      "out_wire = encode(decode(in_wire) + local)");
+  m.def(
+      "trunc16_decode_add",
+      [](const py::array& in_wire, const py::array& local, const py::array& out) {
+        std::size_t n = float_count(local, "local");
+        const auto* pi = checked_data<std::uint16_t>(in_wire, n, "in_wire", false);
+        const float* pl = checked_data<float>(local, n, "local", false);
+        float* po = checked_data<float>(out, n, "out", true);
+        py::gil_scoped_release release;
+        psg_trunc16_decode_add(pi, pl, n, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("out"),
+      "out = decode(in_wire) + local (out may be local)");
+}
+
+void bind_quant8(py::module_& m) {
+  m.def("quant8_wire_bytes", &psg_quant8_wire_bytes, py::arg("n"));
+  m.def(
+      "quant8_encode",
+      [](const py::array& x, const py::array& wire) {
+        std::size_t n = float_count(x, "x");
+        const float* px = checked_data<float>(x, n, "x", false);
+        auto* pw = checked_data<std::uint8_t>(wire, psg_quant8_wire_bytes(n), "wire", true);
+        py::gil_scoped_release release;
+        psg_quant8_encode(px, n, pw);
+      },
+      py::arg("x"), py::arg("wire"), "wire[uint8, 4 + n] = [scale][int8 q] of x[float32, n]");
+  m.def(
+      "quant8_decode",
+      [](const py::array& wire, const py::array& out) {
+        std::size_t n = float_count(out, "out");
+        const auto* pw = checked_data<std::uint8_t>(wire, psg_quant8_wire_bytes(n), "wire", false);
+        float* po = checked_data<float>(out, n, "out", true);
+        py::gil_scoped_release release;
+        psg_quant8_decode(pw, n, po);
+      },
+      py::arg("wire"), py::arg("out"), "out[float32, n] = q * scale");
+  m.def(
+      "quant8_decode_add_encode",
+      [](const py::array& in_wire, const py::array& local, const py::array& scratch,
+         const py::array& out_wire) {
+        std::size_t n = float_count(local, "local");
+        std::size_t bytes = psg_quant8_wire_bytes(n);
+        const auto* pi = checked_data<std::uint8_t>(in_wire, bytes, "in_wire", false);
+        const float* pl = checked_data<float>(local, n, "local", false);
+        float* ps = checked_data<float>(scratch, n, "scratch", true);
+        auto* po = checked_data<std::uint8_t>(out_wire, bytes, "out_wire", true);
+        py::gil_scoped_release release;
+        psg_quant8_decode_add_encode(pi, pl, n, ps, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("scratch"), py::arg("out_wire"),
+      "out_wire = encode(decode(in_wire) + local); scratch holds n float32");
+  m.def(
+      "quant8_decode_add",
+      [](const py::array& in_wire, const py::array& local, const py::array& out) {
+        std::size_t n = float_count(local, "local");
+        const auto* pi =
+            checked_data<std::uint8_t>(in_wire, psg_quant8_wire_bytes(n), "in_wire", false);
+        const float* pl = checked_data<float>(local, n, "local", false);
+        float* po = checked_data<float>(out, n, "out", true);
+        py::gil_scoped_release release;
+        psg_quant8_decode_add(pi, pl, n, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("out"),
+      "out = decode(in_wire) + local (out may be local)");
+}
+
+}  // namespace
+
+void bind_compression(py::module_& m) {
+  py::module_ sub = m.def_submodule(
+      "compression", "Compression kernels on preallocated numpy buffers (see pipesgd.compression)");
+  bind_trunc16(sub);
+  bind_quant8(sub);
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,50 @@
+/* Compression kernels fused into the ring-AllReduce (Pipe-SGD §3.2).
+ *
+ * Plain C, no allocation, loops the compiler can vectorise. A "block" is one
+ * ring segment: the unit that travels in one message.
+ *
+ * trunc16: each float32 keeps its upper 16 bits (sign, 8 exponent bits,
+ *          7 mantissa bits), truncated toward zero; decoding shifts back.
+ *          Wire size: 2 bytes per element. NaN stays NaN, +-Inf stays +-Inf.
+ * quant8:  symmetric signed 8-bit, one float32 scale per block:
+ *          scale = max|x| / 127, q = round_to_nearest(x / scale) in [-127, 127].
+ *          Wire layout of a block of n elements: float32 scale, then n int8.
+ *          A block of zeros has scale 0 and decodes to zeros. A block holding
+ *          any NaN or Inf is encoded with scale NaN and decodes to all NaN.
+ */
+#ifndef PIPESGD_COMPRESS_KERNELS_H
+#define PIPESGD_COMPRESS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- trunc16 ---- */
+size_t psg_trunc16_wire_bytes(size_t n);
+void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire);
+void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out);
+/* out_wire = encode(decode(in_wire) + local) */
+void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, size_t n,
+                                   uint16_t* out_wire);
+/* out = decode(in_wire) + local; out may alias local. */
+void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t n, float* out);
+
+/* ---- quant8 ---- */
+size_t psg_quant8_wire_bytes(size_t n); /* 4 + n */
+void psg_quant8_encode(const float* x, size_t n, void* wire);
+void psg_quant8_decode(const void* wire, size_t n, float* out);
+/* out_wire = encode(decode(in_wire) + local); scratch holds n floats (caller-owned,
+ * so the ring allocates nothing per call). */
+void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_t n,
+                                  float* scratch, void* out_wire);
+/* out = decode(in_wire) + local; out may alias local. */
+void psg_quant8_decode_add(const void* in_wire, const float* local, size_t n, float* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PIPESGD_COMPRESS_KERNELS_H */

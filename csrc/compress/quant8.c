@@ -1,0 +1,124 @@
+/* quant8 kernels: symmetric signed 8-bit quantisation with one float32 scale per block.
+ *
+ * Wire layout of a block of n elements: [float32 scale][n x int8 q], 4 + n bytes,
+ * host byte order (every rank of a ring shares one architecture). Decoding gives
+ * q * scale.
+ *
+ * Scale: max|x| / 127 rounded *up* to a float32 (one ulp above the nearest value
+ * at most). Rounding up guarantees |x / scale| <= 127, so no element is ever
+ * clamped and |x - q * scale| <= scale / 2 holds for every element, including
+ * blocks whose maximum is denormal: there max/127 would round to a much smaller
+ * scale (or to 0) and the largest elements would be clamped far outside the bound.
+ * Elements are divided by the scale rather than multiplied by 127 / max, because
+ * that reciprocal overflows to Inf for denormal maxima.
+ *
+ * Special blocks: all zeros -> scale 0, q = 0, decodes to zeros. Any NaN or Inf
+ * (including a sum that overflows in a fused op) -> scale = quiet NaN, q = 0, so the
+ * whole block decodes to NaN instead of silently wrong numbers.
+ *
+ * Fused decode_add_encode needs max|decode(in) + local| before it can quantise.
+ * It makes two passes over the inputs and recomputes the sum in the second one:
+ * re-reading in (1 B) and local (4 B) per element moves less memory than writing
+ * the sum to scratch and reading it back (4 B + 4 B, plus the write-allocate read),
+ * see bench/kernels.py. Recomputation is bitwise identical because the sum is one
+ * IEEE addition of the same operands (kernel_common.h disables FMA contraction).
+ */
+#include "kernel_common.h"
+#include "kernels.h"
+
+#define Q8_MAX 127
+#define Q8_HEADER_BYTES 4
+#define Q8_QNAN_BITS 0x7FC00000u
+/* 1.5 * 2^23: adding it to |v| <= 2^22 leaves v rounded to the nearest integer
+ * (ties to even, the current rounding mode) in the low mantissa bits; subtracting
+ * it back is exact. Unlike lrintf this vectorises on every SIMD level. */
+#define Q8_ROUND_MAGIC 12582912.0f
+
+static inline float q8_read_scale(const void* wire) {
+    float s;
+    memcpy(&s, wire, sizeof s);
+    return s;
+}
+
+static inline void q8_write_scale(void* wire, float s) { memcpy(wire, &s, sizeof s); }
+
+/* Scale of a block whose largest |x| has the bit pattern max_abs_bits
+ * (non-negative floats order like their bit patterns). */
+static float q8_scale_of_max(uint32_t max_abs_bits) {
+    if (max_abs_bits >= PSG_F32_INF_BITS) return psg_f32_from_bits(Q8_QNAN_BITS);
+    if (max_abs_bits == 0) return 0.0f;
+    float max_abs = psg_f32_from_bits(max_abs_bits);
+    float scale = (float)((double)max_abs / Q8_MAX);
+    /* float * 127 is exact in double (24 + 7 bits), so this test is exact; the
+     * conversion above gave one of the two floats around max/127: take the upper. */
+    if ((double)scale * Q8_MAX < (double)max_abs) scale = psg_f32_from_bits(psg_f32_bits(scale) + 1);
+    return scale;
+}
+
+static inline uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+static inline int8_t q8_round(float v) {
+    float r = (v + Q8_ROUND_MAGIC) - Q8_ROUND_MAGIC;
+    return (int8_t)(int32_t)r;
+}
+
+size_t psg_quant8_wire_bytes(size_t n) { return Q8_HEADER_BYTES + n; }
+
+PSG_KERNEL
+void psg_quant8_encode(const float* x, size_t n, void* wire) {
+    int8_t* q = (int8_t*)((unsigned char*)wire + Q8_HEADER_BYTES);
+    uint32_t max_bits = 0;
+    for (size_t i = 0; i < n; ++i) max_bits = max_u32(max_bits, psg_f32_bits(x[i]) & PSG_F32_ABS_MASK);
+    float scale = q8_scale_of_max(max_bits);
+    if (max_bits == 0 || max_bits >= PSG_F32_INF_BITS) {
+        memset(q, 0, n);
+    } else {
+        for (size_t i = 0; i < n; ++i) q[i] = q8_round(x[i] / scale);
+    }
+    q8_write_scale(wire, scale);
+}
+
+PSG_KERNEL
+void psg_quant8_decode(const void* wire, size_t n, float* out) {
+    const int8_t* q = (const int8_t*)((const unsigned char*)wire + Q8_HEADER_BYTES);
+    float scale = q8_read_scale(wire);
+    for (size_t i = 0; i < n; ++i) out[i] = (float)q[i] * scale;
+}
+
+PSG_KERNEL
+void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_t n,
+                                  float* scratch, void* out_wire) {
+    (void)scratch; /* see the file comment: recomputing beats a scratch round trip */
+    const int8_t* q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES);
+    int8_t* q_out = (int8_t*)((unsigned char*)out_wire + Q8_HEADER_BYTES);
+    float scale_in = q8_read_scale(in_wire);
+
+    uint32_t max_bits = 0;
+    for (size_t i = 0; i < n; ++i) {
+        float decoded = (float)q_in[i] * scale_in;
+        float sum = decoded + local[i];
+        max_bits = max_u32(max_bits, psg_f32_bits(sum) & PSG_F32_ABS_MASK);
+    }
+    float scale = q8_scale_of_max(max_bits);
+    if (max_bits == 0 || max_bits >= PSG_F32_INF_BITS) {
+        memset(q_out, 0, n);
+    } else {
+        for (size_t i = 0; i < n; ++i) {
+            float decoded = (float)q_in[i] * scale_in;
+            float sum = decoded + local[i];
+            q_out[i] = q8_round(sum / scale);
+        }
+    }
+    /* Written last, so in_wire == out_wire (in-place requantisation) is safe. */
+    q8_write_scale(out_wire, scale);
+}
+
+PSG_KERNEL
+void psg_quant8_decode_add(const void* in_wire, const float* local, size_t n, float* out) {
+    const int8_t* q = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES);
+    float scale = q8_read_scale(in_wire);
+    for (size_t i = 0; i < n; ++i) {
+        float decoded = (float)q[i] * scale;
+        out[i] = decoded + local[i];
+    }
+}

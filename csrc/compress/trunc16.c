@@ -1,0 +1,49 @@
+/* trunc16 kernels: float32 -> its upper 16 bits (bfloat16 by truncation) and back.
+ *
+ * Truncation (not rounding) as in Pipe-SGD §3.2: the kept value has the same sign
+ * and a magnitude at most 2^-7 relatively smaller (2^-133 absolute for denormals).
+ * Inf keeps its pattern (0x7F80 / 0xFF80). A NaN whose payload sits only in the low
+ * 16 bits would truncate to Inf, so every NaN becomes the canonical quiet NaN 0x7FC0;
+ * a canonical pattern also keeps fused and composed ops bitwise equal, whatever NaN
+ * payload the hardware's addition propagates.
+ */
+#include "kernel_common.h"
+#include "kernels.h"
+
+#define TRUNC16_QNAN ((uint16_t)0x7FC0u)
+
+static inline uint16_t trunc16_of(float x) {
+    uint32_t b = psg_f32_bits(x);
+    /* As signed integers |x| > Inf <=> NaN; signed compares vectorise on every SIMD level. */
+    int32_t mag = (int32_t)(b & PSG_F32_ABS_MASK);
+    uint16_t hi = (uint16_t)(b >> 16);
+    return mag > (int32_t)PSG_F32_INF_BITS ? TRUNC16_QNAN : hi;
+}
+
+static inline float float_of_trunc16(uint16_t h) { return psg_f32_from_bits((uint32_t)h << 16); }
+
+size_t psg_trunc16_wire_bytes(size_t n) { return 2 * n; }
+
+PSG_KERNEL
+void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire) {
+    for (size_t i = 0; i < n; ++i) wire[i] = trunc16_of(x[i]);
+}
+
+PSG_KERNEL
+void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
+    for (size_t i = 0; i < n; ++i) out[i] = float_of_trunc16(wire[i]);
+}
+
+PSG_KERNEL
+void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, size_t n,
+                                   uint16_t* out_wire) {
+    for (size_t i = 0; i < n; ++i) {
+        float sum = float_of_trunc16(in_wire[i]) + local[i];
+        out_wire[i] = trunc16_of(sum);
+    }
+}
+
+PSG_KERNEL
+void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t n, float* out) {
+    for (size_t i = 0; i < n; ++i) out[i] = float_of_trunc16(in_wire[i]) + local[i];
+}

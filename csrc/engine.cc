@@ -1,0 +1,122 @@
+#include "engine.h"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "allreduce/ring.h"
+#include "mpi_check.h"
+
+namespace pipesgd {
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+Engine::Engine(MPI_Comm comm, std::size_t segment_bytes) : config_(read_env_config()) {
+  if (segment_bytes != 0) config_.segment_bytes = segment_bytes;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) throw std::runtime_error("pipesgd: MPI is not initialized");
+  int provided = MPI_THREAD_SINGLE;
+  PSG_MPI_CHECK(MPI_Query_thread(&provided), -1);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw std::runtime_error(
+        std::string("pipesgd needs MPI_THREAD_MULTIPLE (its communication thread calls MPI while "
+                    "the program may use MPI too), but MPI was initialized with ") +
+        thread_level_name(provided) +
+        ". With mpi4py, leave mpi4py.rc.thread_level at its default 'multiple'; in C, use "
+        "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...); check that your MPI library was built "
+        "with thread support.");
+  }
+  MPI_Comm dup = MPI_COMM_NULL;
+  PSG_MPI_CHECK(MPI_Comm_dup(comm, &dup), -1);
+  ctx_ = std::make_unique<CommContext>(dup, config_);
+  rank_ = ctx_->rank();
+  size_ = ctx_->size();
+  thread_ = std::thread([this] { comm_thread_main(); });
+}
+
+Engine::~Engine() {
+  try {
+    shutdown(-1);
+  } catch (...) {
+    // Destructors must not throw; shutdown already failed what it could.
+  }
+}
+
+std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
+                                             ReduceOp op, Compression compression) {
+  if (count > 0 && data == nullptr) throw std::invalid_argument("allreduce: null buffer");
+  if (compression != Compression::kNone && dtype != DType::kFloat32) {
+    throw std::invalid_argument(std::string("compression '") + compression_name(compression) +
+                                "' works on float32 only, got " + dtype_name(dtype) +
+                                "; use compression='none' or convert the buffer to float32");
+  }
+  auto operation = std::make_shared<Operation>();
+  operation->data = data;
+  operation->count = count;
+  operation->dtype = dtype;
+  operation->op = op;
+  operation->compression = compression;
+  {
+    // Sequence numbers are assigned in queue order.
+    std::lock_guard<std::mutex> lock(shutdown_mutex_);
+    if (shut_down_.load()) {
+      throw std::runtime_error("pipesgd engine is shut down; call pipesgd.init() again");
+    }
+    operation->seq = next_seq_.fetch_add(1);
+    if (!queue_.push(operation)) throw std::runtime_error("pipesgd engine is shut down");
+  }
+  return operation;
+}
+
+void Engine::execute(Operation& op) {
+  op.mark_running();
+  if (!poisoned_.empty()) {
+    op.fail(FailureKind::kAborted, op.describe() + " was not run: " + poisoned_);
+    return;
+  }
+  try {
+    ring_allreduce(*ctx_, workspace_, op);
+    op.complete();
+  } catch (const OpFailure& e) {
+    op.fail(e.kind(), e.what());
+    if (e.kind() != FailureKind::kInvalid) {
+      poisoned_ = std::string("the engine stopped after an earlier failure: ") + e.what();
+    }
+  } catch (const std::exception& e) {
+    const std::string message = op.describe() + " failed on rank " + std::to_string(rank_) +
+                                ": " + e.what();
+    op.fail(FailureKind::kMpi, message);
+    poisoned_ = std::string("the engine stopped after an earlier failure: ") + message;
+  }
+}
+
+void Engine::comm_thread_main() {
+  while (auto op = queue_.pop()) execute(*op);
+  ctx_->close(/*clean=*/poisoned_.empty());
+  drained_.set_value();
+}
+
+void Engine::shutdown(double timeout_s) {
+  std::lock_guard<std::mutex> lock(shutdown_mutex_);
+  if (shut_down_.exchange(true)) return;
+  if (timeout_s < 0) timeout_s = config_.shutdown_seconds;
+  queue_.close();
+  auto drained = drained_.get_future();
+  if (drained.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+    ctx_->request_abort("was aborted by shutdown() after " + std::to_string(timeout_s) + " s");
+  }
+  thread_.join();
+}
+
+}  // namespace pipesgd

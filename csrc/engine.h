@@ -1,0 +1,67 @@
+// The engine: a duplicate of the user's communicator and one communication
+// thread that alone calls MPI on it, running queued operations in order.
+//
+// Every rank must submit the same sequence of operations; the n-th submission
+// on one rank meets the n-th on every other rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "allreduce/workspace.h"
+#include "comm_context.h"
+#include "env.h"
+#include "op_queue.h"
+#include "operation.h"
+
+namespace pipesgd {
+
+class Engine {
+ public:
+  // Collective over `comm` (it is duplicated). segment_bytes == 0: from the environment.
+  Engine(MPI_Comm comm, std::size_t segment_bytes);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // In-place allreduce of `count` elements at `data`; the caller keeps the
+  // buffer alive until the returned operation has finished.
+  std::shared_ptr<Operation> allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                                       Compression compression);
+
+  // Stops accepting work, lets queued operations finish for up to timeout_s
+  // (negative: PIPESGD_SHUTDOWN_SECONDS), then fails what is left. Idempotent.
+  void shutdown(double timeout_s);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::size_t segment_bytes() const { return config_.segment_bytes; }
+  bool is_shut_down() const { return shut_down_.load(); }
+
+ private:
+  void comm_thread_main();
+  void execute(Operation& op);
+
+  EnvConfig config_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::unique_ptr<CommContext> ctx_;
+  Workspace workspace_;
+  OpQueue queue_;
+  std::atomic<std::uint64_t> next_seq_{0};
+  std::string poisoned_;  // comm thread only: why the engine can no longer run operations
+  std::promise<void> drained_;
+  std::thread thread_;
+  std::mutex shutdown_mutex_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace pipesgd

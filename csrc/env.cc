@@ -1,0 +1,35 @@
+#include "env.h"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace pipesgd {
+namespace {
+
+double env_double(const char* name, double fallback, double min_value) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !(value >= min_value)) {
+    throw std::invalid_argument(std::string(name) + "='" + text + "' is not a number >= " +
+                                std::to_string(min_value));
+  }
+  return value;
+}
+
+}  // namespace
+
+EnvConfig read_env_config() {
+  EnvConfig c;
+  c.segment_bytes = static_cast<std::size_t>(
+      env_double("PIPESGD_SEGMENT_BYTES", static_cast<double>(c.segment_bytes), 64));
+  c.window = static_cast<int>(env_double("PIPESGD_RING_WINDOW", c.window, 1));
+  c.poll_us = static_cast<int>(env_double("PIPESGD_POLL_US", c.poll_us, 0));
+  c.stall_seconds = env_double("PIPESGD_STALL_SECONDS", c.stall_seconds, 0);
+  c.shutdown_seconds = env_double("PIPESGD_SHUTDOWN_SECONDS", c.shutdown_seconds, 0);
+  return c;
+}
+
+}  // namespace pipesgd

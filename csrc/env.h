@@ -1,0 +1,26 @@
+// Every environment variable pipesgd reads, in one place.
+#pragma once
+
+#include <cstddef>
+
+namespace pipesgd {
+
+struct EnvConfig {
+  // Bytes of one ring segment: the unit of overlap between transfer and reduction.
+  std::size_t segment_bytes = 256 * 1024;
+  // Receives kept posted ahead of the one being reduced (2 = double buffering).
+  int window = 4;
+  // While MPI has work in flight the comm thread tests, then sleeps this long:
+  // spinning in MPI_Wait* steals the compute thread's core when ranks share cores.
+  int poll_us = 50;
+  // A stall warning is printed when one operation waits longer than this.
+  double stall_seconds = 60.0;
+  // shutdown() lets in-flight operations finish for this long, then fails them.
+  double shutdown_seconds = 10.0;
+};
+
+// PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US,
+// PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
+EnvConfig read_env_config();
+
+}  // namespace pipesgd

@@ -1,0 +1,54 @@
+#include "operation.h"
+
+namespace pipesgd {
+
+std::string Operation::describe() const {
+  return "allreduce #" + std::to_string(seq) + " (" + std::to_string(count) + " x " +
+         dtype_name(dtype) + ", " + reduce_op_name(op) + ", compression " +
+         compression_name(compression) + ")";
+}
+
+bool Operation::wait(double timeout_s) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto finished_now = [this] {
+    return status_ == OpStatus::kDone || status_ == OpStatus::kFailed;
+  };
+  if (timeout_s < 0) {
+    cv_.wait(lock, finished_now);
+    return true;
+  }
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), finished_now);
+}
+
+void Operation::mark_running() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    status_ = OpStatus::kRunning;
+  }
+  started = std::chrono::steady_clock::now();
+  phase.store("starting");
+}
+
+void Operation::complete() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    status_ = OpStatus::kDone;
+  }
+  phase.store("done");
+  waiting_on.store(-1);
+  cv_.notify_all();
+}
+
+void Operation::fail(FailureKind kind, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (status_ == OpStatus::kDone || status_ == OpStatus::kFailed) return;
+    status_ = OpStatus::kFailed;
+    failure_ = kind;
+    error_ = message;
+  }
+  phase.store("failed");
+  cv_.notify_all();
+}
+
+}  // namespace pipesgd

@@ -1,0 +1,77 @@
+// One queued collective: what to do, and the state a waiting Python thread sees.
+//
+// The submitting thread creates it and waits on it; the comm thread alone runs
+// it and publishes progress (which rank it waits on) and the outcome.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "dtype.h"
+
+namespace pipesgd {
+
+enum class OpStatus : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3 };
+
+// Why an operation failed; the binding maps each to a Python exception type.
+enum class FailureKind : int {
+  kNone = 0,
+  kMismatch = 1,   // ranks submitted different operations for one sequence number
+  kAborted = 2,    // the engine shut down, or an earlier failure poisoned it
+  kMpi = 3,        // an MPI call failed
+  kInvalid = 4,    // arguments rejected by the comm thread
+};
+
+struct Operation {
+  // What to do (immutable after submission).
+  std::uint64_t seq = 0;
+  void* data = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kAverage;
+  Compression compression = Compression::kNone;
+
+  // Progress, written by the comm thread, read by waiters for timeout messages.
+  std::atomic<int> waiting_on{-1};
+  std::atomic<const char*> phase{"queued"};
+  std::chrono::steady_clock::time_point started;  // comm thread only
+
+  std::string describe() const;  // "allreduce #3 (1000 x float32, sum, compression none)"
+
+  OpStatus status() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return status_;
+  }
+  bool finished() const {
+    const OpStatus s = status();
+    return s == OpStatus::kDone || s == OpStatus::kFailed;
+  }
+  // Blocks until finished or timeout_s elapses (negative: no limit). True if finished.
+  bool wait(double timeout_s) const;
+  FailureKind failure() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failure_;
+  }
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
+
+  void mark_running();
+  void complete();
+  void fail(FailureKind kind, const std::string& message);
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  OpStatus status_ = OpStatus::kQueued;
+  FailureKind failure_ = FailureKind::kNone;
+  std::string error_;
+};
+
+}  // namespace pipesgd

@@ -1,0 +1,36 @@
+"""The `pipesgd` command: one sub-command per capability.
+
+Each sub-command lives in its own module exposing `add_arguments(parser)` and
+`run(args) -> int`, imported only when chosen so `pipesgd --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "train": ("pipesgd.train.cli", "data-parallel training with Pipe-SGD (run under mpirun)"),
+    "timing": ("pipesgd.timing.cli", "measure the network, predict and choose a configuration"),
+    "pipeline": ("pipesgd.pipeline.cli", "1F1B / GPipe pipeline-parallel training (mpirun)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="pipesgd", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        # Build only the parser that is asked for: modules import torch.
+        if argv and argv[0] == name:
+            sub_parser = sub.add_parser(name, help=help_text)
+            importlib.import_module(module).add_arguments(sub_parser)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
+    args = parser.parse_args(argv)
+    return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The Python face of the compiled engine: `Engine`, `Handle`, and the
+module-level API (`init`, `allreduce`, ...) on a default engine over COMM_WORLD.
+
+Data flows one way: Python hands a buffer to the engine, the engine's comm
+thread owns MPI for it, Python waits on the handle. The buffer stays referenced
+here until its operation finishes, even if the caller drops array and handle.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from typing import Any
+
+from mpi4py import MPI
+
+from pipesgd import _C
+from pipesgd.buffers import BufferView, as_buffer, check_compression, check_op
+from pipesgd.errors import CollectiveMismatchError, PipesgdError
+
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+class Handle:
+    """An operation in flight. `wait()` returns the reduced buffer."""
+
+    __slots__ = ("_buffer", "_op", "_rank")
+
+    def __init__(self, op: _C.Operation, buffer: BufferView, rank: int) -> None:
+        self._op = op
+        self._buffer = buffer
+        self._rank = rank
+
+    @property
+    def seq(self) -> int:
+        """Sequence number: the n-th operation submitted to this engine."""
+        return int(self._op.seq)
+
+    def done(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
+        return bool(self._op.done())
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the operation finishes, releasing the GIL.
+
+        Raises:
+            TimeoutError: not finished within `timeout` seconds; names the rank waited on.
+            CollectiveMismatchError: ranks submitted different operations.
+            PipesgdError: the engine was shut down or MPI failed.
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds, got {timeout}")
+        if not self._op.wait(-1.0 if timeout is None else float(timeout)):
+            raise TimeoutError(self._timeout_message(timeout))
+        if self._op.failed():
+            kind = self._op.failure()
+            if kind == _C.FailureKind.MISMATCH:
+                raise CollectiveMismatchError(self._op.error())
+            if kind == _C.FailureKind.INVALID:
+                raise ValueError(self._op.error())
+            raise PipesgdError(self._op.error())
+        return self._buffer.owner
+
+    def _timeout_message(self, timeout: float | None) -> str:
+        what = f"{self._op.describe()} on rank {self._rank} did not complete within {timeout} s"
+        peer, phase = self._op.waiting_on, self._op.phase
+        if phase == "queued":
+            return f"{what}: it is still queued behind earlier operations that have not completed"
+        return f"{what}: waiting for rank {peer} ({phase})"
+
+
+class Engine:
+    """A ring-AllReduce engine on a duplicate of `comm`, with its own comm thread.
+
+    Construction is collective over `comm`. Every rank must submit the same
+    operations in the same order.
+
+    Args:
+        comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
+        segment_bytes: bytes per ring segment (default `PIPESGD_SEGMENT_BYTES`, 256 KiB).
+    """
+
+    def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> None:
+        comm = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(comm, MPI.Comm):
+            raise ValueError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+        if segment_bytes is not None and segment_bytes < 64:
+            raise ValueError(f"segment_bytes must be at least 64, got {segment_bytes}")
+        self._engine = _C.Engine(comm, int(segment_bytes or 0))
+        self._inflight: dict[int, tuple[_C.Operation, BufferView]] = {}
+        self._lock = threading.Lock()
+        _live_engines.add(self)
+
+    @property
+    def rank(self) -> int:
+        return int(self._engine.rank)
+
+    @property
+    def size(self) -> int:
+        return int(self._engine.size)
+
+    @property
+    def segment_bytes(self) -> int:
+        return int(self._engine.segment_bytes)
+
+    def allreduce_async(
+        self, tensor: Any, op: str = "average", compression: str = "none"
+    ) -> Handle:
+        """Queue an in-place allreduce of `tensor` and return its handle at once."""
+        check_op(op)
+        buffer = as_buffer(tensor)
+        check_compression(compression, buffer.dtype)
+        with self._lock:
+            self._forget_finished()
+            operation = self._engine.allreduce(
+                buffer.address, buffer.count, buffer.dtype, op, compression
+            )
+            self._inflight[int(operation.seq)] = (operation, buffer)
+        return Handle(operation, buffer, self.rank)
+
+    def allreduce(
+        self,
+        tensor: Any,
+        op: str = "average",
+        compression: str = "none",
+        timeout: float | None = None,
+    ) -> Any:
+        """In-place allreduce of `tensor`; returns it once every rank has contributed."""
+        return self.allreduce_async(tensor, op=op, compression=compression).wait(timeout)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Finish queued operations (up to `timeout` s, default `PIPESGD_SHUTDOWN_SECONDS`),
+        fail the rest, stop the comm thread. Idempotent."""
+        self._engine.shutdown(-1.0 if timeout is None else float(timeout))
+        with self._lock:
+            self._inflight.clear()
+
+    def _forget_finished(self) -> None:
+        done = [seq for seq, (operation, _) in self._inflight.items() if operation.done()]
+        for seq in done:
+            del self._inflight[seq]
+
+
+_default: Engine | None = None
+
+
+def init(comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> Engine:
+    """Start the default engine on `comm` (default COMM_WORLD). Idempotent."""
+    global _default
+    if _default is not None and not _default._engine.is_shut_down:
+        if comm is not None and _default_comm is not comm:
+            raise PipesgdError(
+                "pipesgd is already initialized on another communicator; "
+                "call pipesgd.shutdown() first"
+            )
+        return _default
+    _set_default_comm(comm)
+    _default = Engine(comm, segment_bytes)
+    return _default
+
+
+_default_comm: MPI.Comm | None = None
+
+
+def _set_default_comm(comm: MPI.Comm | None) -> None:
+    global _default_comm
+    _default_comm = comm
+
+
+def is_initialized() -> bool:
+    return _default is not None and not _default._engine.is_shut_down
+
+
+def default_engine() -> Engine:
+    """The engine started by `init()`."""
+    if not is_initialized():
+        raise PipesgdError("pipesgd is not initialized: call pipesgd.init() first")
+    assert _default is not None
+    return _default
+
+
+def rank() -> int:
+    return default_engine().rank
+
+
+def size() -> int:
+    return default_engine().size
+
+
+def allreduce_async(tensor: Any, op: str = "average", compression: str = "none") -> Handle:
+    """Queue an in-place allreduce on the default engine; see `Engine.allreduce_async`."""
+    return default_engine().allreduce_async(tensor, op=op, compression=compression)
+
+
+def allreduce(
+    tensor: Any, op: str = "average", compression: str = "none", timeout: float | None = None
+) -> Any:
+    """In-place allreduce on the default engine; returns `tensor`."""
+    return default_engine().allreduce(tensor, op=op, compression=compression, timeout=timeout)
+
+
+def shutdown(timeout: float | None = None) -> None:
+    """Shut the default engine down (see `Engine.shutdown`). Safe to call twice."""
+    global _default
+    if _default is not None:
+        _default.shutdown(timeout)
+        _default = None
+
+
+@atexit.register
+def _shutdown_all_at_exit() -> None:
+    # Registered after mpi4py's own exit handler, so it runs before MPI_Finalize.
+    for engine in list(_live_engines):
+        engine.shutdown()

@@ -1,0 +1,90 @@
+"""Allreduce correctness on every rank, under mpirun.
+
+Checks, for counts {0, 1, p-1, 4, 1000, 10007, 2^20+3}, every dtype, sum and
+average: the result against a float64 numpy reference of all ranks' inputs,
+float32 against MPI's own Allreduce, bitwise equality across ranks, and many
+operations in flight at once. Usage: engine_allreduce.py [segment_bytes]
+"""
+
+import hashlib
+import sys
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import pipesgd
+
+comm = MPI.COMM_WORLD
+segment = int(sys.argv[1]) if len(sys.argv) > 1 else None
+engine = pipesgd.Engine(comm, segment_bytes=segment)
+r, p = comm.rank, comm.size
+COUNTS = [0, 1, max(p - 1, 1), 4, 1000, 10007, 2**20 + 3]
+TOL = {"float32": 1e-6, "float64": 1e-13, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def digest(t) -> str:
+    raw = t.view(torch.int16).numpy() if isinstance(t, torch.Tensor) else t
+    return hashlib.sha256(np.ascontiguousarray(raw).tobytes()).hexdigest()
+
+
+def assert_identical_across_ranks(t, what: str) -> None:
+    digests = comm.allgather(digest(t))
+    assert len(set(digests)) == 1, f"{what}: ranks differ: {digests}"
+
+
+def make_input(n: int, dtype: str, seed: int):
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(n)
+    if dtype == "bfloat16":
+        t = torch.from_numpy(values).to(torch.bfloat16)
+        return t, t.double().numpy()
+    a = values.astype(dtype)
+    return a, a.astype(np.float64)
+
+
+def to_float64(t) -> np.ndarray:
+    return t.double().numpy() if isinstance(t, torch.Tensor) else t.astype(np.float64)
+
+
+for n in COUNTS:
+    for dtype in ("float32", "float64", "float16", "bfloat16"):
+        for op in ("sum", "average"):
+            x, mine = make_input(n, dtype, seed=1000 * r + n)
+            reference = np.sum(comm.allgather(mine), axis=0) if n else np.zeros(0)
+            if op == "average":
+                reference = reference / p
+            out = engine.allreduce(x, op=op, timeout=60)
+            assert out is x
+            # Every partial sum rounds once in the working precision: bound by p roundings.
+            scale = np.maximum(np.abs(reference), 1.0)
+            err = np.abs(to_float64(x) - reference) / scale
+            assert n == 0 or err.max() <= p * TOL[dtype], (n, dtype, op, err.max())
+            assert_identical_across_ranks(x, f"n={n} {dtype} {op}")
+
+# Against MPI's own Allreduce (a different summation order: tolerance, not bits).
+for n in (1000, 2**20 + 3):
+    x = np.random.default_rng(r).standard_normal(n).astype(np.float32)
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect, op=MPI.SUM)
+    engine.allreduce(x, op="sum")
+    np.testing.assert_allclose(x, expect, rtol=1e-5, atol=1e-5 * p)
+
+# Integer-valued data: every order is exact, so the result must equal MPI's bit for bit.
+x = (np.arange(10007) % 17 + r).astype(np.float32)
+expect = np.empty_like(x)
+comm.Allreduce(x, expect, op=MPI.SUM)
+engine.allreduce(x, op="sum")
+assert np.array_equal(x, expect)
+
+# Many operations in flight, submitted before any is waited on.
+buffers = [np.full(50000 + k, float(r + k), np.float32) for k in range(32)]
+handles = [engine.allreduce_async(b, op="sum") for b in buffers]
+for k, (h, b) in enumerate(zip(handles, buffers, strict=True)):
+    assert h.wait(timeout=60) is b
+    assert np.all(b == sum(q + k for q in range(p))), k
+assert all(h.done() for h in handles)
+
+engine.shutdown()
+if r == 0:
+    print(f"engine_allreduce: p={p} segment={engine.segment_bytes} ok")

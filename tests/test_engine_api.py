@@ -1,0 +1,81 @@
+"""Single-process checks of the Python API: validation before queueing, handles,
+the default engine. (p = 1: MPI is initialized as a singleton in this process.)"""
+
+import numpy as np
+import pytest
+import torch
+
+import pipesgd
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = pipesgd.Engine()
+    yield e
+    e.shutdown()
+
+
+def test_single_rank_is_identity(engine) -> None:
+    x = np.arange(10, dtype=np.float32)
+    assert engine.allreduce(x, op="sum") is x
+    assert np.array_equal(x, np.arange(10, dtype=np.float32))
+    assert engine.rank == 0 and engine.size == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (np.ones((4, 4), np.float32)[:, 1], "not C-contiguous"),
+        (np.ones(4, np.int32), "dtype int32 is not supported"),
+        (torch.ones(4, 4).t(), "not contiguous"),
+        (torch.ones(4, dtype=torch.int64), "not supported"),
+        ([1.0, 2.0], "expected a numpy array or a torch tensor"),
+    ],
+)
+def test_bad_buffers_raise_value_error(engine, bad, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.allreduce_async(bad)
+
+
+def test_read_only_array_rejected(engine) -> None:
+    x = np.ones(4, np.float32)
+    x.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        engine.allreduce(x)
+
+
+def test_unknown_op_and_compression(engine) -> None:
+    with pytest.raises(ValueError, match="unknown op 'max'"):
+        engine.allreduce(np.ones(4, np.float32), op="max")
+    with pytest.raises(ValueError, match="unknown compression 'zip'"):
+        engine.allreduce(np.ones(4, np.float32), compression="zip")
+    with pytest.raises(ValueError, match="float32 only, got float64"):
+        engine.allreduce(np.ones(4, np.float64), compression="quant8")
+
+
+def test_handle_and_negative_timeout(engine) -> None:
+    t = torch.ones(100)
+    h = engine.allreduce_async(t)
+    assert h.wait(timeout=10) is t
+    assert h.done()
+    with pytest.raises(ValueError, match="timeout"):
+        h.wait(timeout=-1)
+
+
+def test_segment_bytes_validated() -> None:
+    with pytest.raises(ValueError, match="segment_bytes"):
+        pipesgd.Engine(segment_bytes=8)
+
+
+def test_default_engine_lifecycle() -> None:
+    pipesgd.shutdown()
+    with pytest.raises(pipesgd.PipesgdError, match=r"pipesgd.init\(\)"):
+        pipesgd.rank()
+    first = pipesgd.init()
+    assert pipesgd.init() is first  # idempotent
+    assert pipesgd.rank() == 0 and pipesgd.size() == 1
+    x = np.ones(3, np.float32)
+    assert pipesgd.allreduce(x) is x
+    pipesgd.shutdown()
+    pipesgd.shutdown()  # twice is fine
+    assert not pipesgd.is_initialized()

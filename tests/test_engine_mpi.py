@@ -1,0 +1,30 @@
+"""Multi-rank engine tests: real mpirun processes with hard time limits."""
+
+import pytest
+from mpirun import run_mpi
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_allreduce_matches_references(np_: int) -> None:
+    run_mpi(np_, "engine_allreduce.py", timeout=240)
+
+
+def test_allreduce_small_segments() -> None:
+    # 4 KiB segments: many segments per chunk, chunks of unequal segment counts.
+    run_mpi(3, "engine_allreduce.py", "4096", timeout=240)
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["mismatch-count", "mismatch-dtype", "missing-peer", "drop-buffers", "shutdown-inflight"],
+)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_faults(scenario: str, np_: int) -> None:
+    run_mpi(np_, "engine_faults.py", scenario, timeout=90)
+
+
+def test_stall_warning_names_the_operation_and_rank() -> None:
+    out = run_mpi(
+        2, "engine_faults.py", "missing-peer", timeout=90, env={"PIPESGD_STALL_SECONDS": "0.5"}
+    ).stdout
+    assert "allreduce #0" in out and "has waited" in out and "for rank" in out, out
