@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "mpi_check.h"
 
@@ -52,26 +53,38 @@ void CommContext::post_control_receive() {
                 -1);
 }
 
-void CommContext::check_control() {
-  if (control_req_ == MPI_REQUEST_NULL) return;
-  int arrived = 0;
-  MPI_Status status;
-  PSG_MPI_CHECK(MPI_Test(&control_req_, &arrived, &status), -1);
-  if (!arrived) return;
-  int len = 0;
-  MPI_Get_count(&status, MPI_CHAR, &len);
-  const std::string message(control_buf_.data(), static_cast<std::size_t>(std::max(len, 0)));
-  // Keep listening: a second peer may report the same failure.
-  post_control_receive();
-  throw OpFailure(FailureKind::kMismatch, message);
+void CommContext::check_control(const Operation& op) {
+  if (!have_pending_failure_ && control_req_ != MPI_REQUEST_NULL) {
+    int arrived = 0;
+    MPI_Status status;
+    PSG_MPI_CHECK(MPI_Test(&control_req_, &arrived, &status), -1);
+    if (arrived) {
+      int len = 0;
+      MPI_Get_count(&status, MPI_CHAR, &len);
+      // Message layout: the failed operation's sequence number, then the text.
+      std::uint64_t seq = 0;
+      const std::size_t bytes = static_cast<std::size_t>(std::max(len, 0));
+      if (bytes >= sizeof seq) std::memcpy(&seq, control_buf_.data(), sizeof seq);
+      have_pending_failure_ = true;
+      pending_failure_seq_ = seq;
+      pending_failure_.assign(control_buf_.data() + std::min(bytes, sizeof seq),
+                              bytes - std::min(bytes, sizeof seq));
+      // Keep listening: a second peer may report the same failure.
+      post_control_receive();
+    }
+  }
+  if (have_pending_failure_ && pending_failure_seq_ <= op.seq) {
+    throw OpFailure(FailureKind::kMismatch, pending_failure_);
+  }
 }
 
 void CommContext::broadcast_failure(const Operation& op, const std::string& message) {
-  (void)op;
-  std::string text = message.substr(0, kControlBytes);
+  std::string packet(sizeof op.seq, '\0');
+  std::memcpy(packet.data(), &op.seq, sizeof op.seq);
+  packet += message.substr(0, kControlBytes - sizeof op.seq);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    control_send_bufs_.push_back(text);
+    control_send_bufs_.push_back(packet);
     control_sends_.push_back(MPI_REQUEST_NULL);
     const std::string& buf = control_send_bufs_.back();
     // Failure reporting is best effort: the local operation fails regardless.
@@ -89,7 +102,7 @@ void CommContext::request_abort(const std::string& reason) {
 }
 
 void CommContext::poll_once(Operation& op, int peer, const char* phase) {
-  check_control();
+  check_control(op);
   if (abort_requested_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
     throw OpFailure(FailureKind::kAborted,
@@ -113,7 +126,8 @@ void CommContext::poll_once(Operation& op, int peer, const char* phase) {
       std::fflush(stderr);
     }
   }
-  sleep_us(config_.poll_us);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_progress_ > std::chrono::microseconds(config_.spin_us)) sleep_us(config_.poll_us);
 }
 
 void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
@@ -122,7 +136,10 @@ void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* ph
   for (;;) {
     int done = 0;
     PSG_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), peer);
-    if (done) return;
+    if (done) {
+      last_progress_ = std::chrono::steady_clock::now();
+      return;
+    }
     poll_once(op, peer, phase);
   }
 }
@@ -137,7 +154,10 @@ void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int pe
     PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
                               MPI_STATUSES_IGNORE),
                   peer);
-    if (done) return;
+    if (done) {
+      last_progress_ = std::chrono::steady_clock::now();
+      return;
+    }
     poll_once(op, peer, phase);
   }
 }

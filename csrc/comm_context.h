@@ -3,12 +3,15 @@
 //
 // Waiting is polite on purpose: when ranks outnumber cores, a thread spinning
 // in MPI_Wait steals the compute thread's core. Open MPI only progresses inside
-// MPI calls, so while requests are in flight we MPI_Test, then sleep poll_us.
+// MPI calls, so while requests are in flight we MPI_Test, then sleep poll_us;
+// for spin_us after a request completes we test without sleeping, because the
+// next segment usually follows within microseconds.
 #pragma once
 
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -57,8 +60,13 @@ class CommContext {
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).
   void broadcast_failure(const Operation& op, const std::string& message);
-  // Throws OpFailure(kMismatch) if a failure message from a peer has arrived.
-  void check_control();
+  // Throws OpFailure(kMismatch) if a peer reported the failure of `op` or of
+  // an earlier operation. A report about a later operation (a fast peer may
+  // already be there) is kept until this rank reaches it.
+  void check_control(const Operation& op);
+
+  // A new operation starts: its first messages usually arrive at once.
+  void note_progress() { last_progress_ = std::chrono::steady_clock::now(); }
 
   // Requested by the engine at shutdown: makes the current wait fail.
   void request_abort(const std::string& reason);
@@ -80,10 +88,14 @@ class CommContext {
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::vector<char> control_buf_;
   std::vector<MPI_Request> control_sends_;
-  std::deque<std::string> control_send_bufs_;  // stable addresses for pending sends
+  std::deque<std::string> control_send_bufs_;
+  bool have_pending_failure_ = false;  // a peer's report about a later operation
+  std::uint64_t pending_failure_seq_ = 0;
+  std::string pending_failure_;  // stable addresses for pending sends
   std::atomic<bool> abort_requested_{false};
   std::mutex abort_mutex_;
   std::string abort_reason_;
+  std::chrono::steady_clock::time_point last_progress_{};
   bool stall_warned_ = false;
   std::uint64_t stall_seq_ = UINT64_MAX;
 };

@@ -13,13 +13,16 @@ struct EnvConfig {
   // While MPI has work in flight the comm thread tests, then sleeps this long:
   // spinning in MPI_Wait* steals the compute thread's core when ranks share cores.
   int poll_us = 50;
+  // ...except right after a request completed: the next one is often about to
+  // complete too, so for this long the comm thread tests without sleeping.
+  int spin_us = 100;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
   // shutdown() lets in-flight operations finish for this long, then fails them.
   double shutdown_seconds = 10.0;
 };
 
-// PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US,
+// PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_SPIN_US,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();
 

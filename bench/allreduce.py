@@ -1,0 +1,270 @@
+"""AllReduce benchmark: pipesgd's ring vs MPI Allreduce (mpi4py) vs torch.distributed gloo.
+
+Run under mpirun (prints a table, writes bench/results/allreduce_p{P}[_netem].json and .png):
+
+    mpirun -n 4 python bench/allreduce.py
+    mpirun -n 2 python bench/allreduce.py --sizes 64KiB,8MiB --impl pipesgd,mpi
+
+Or over emulated per-rank links (root; see bench/netem.py), with compression:
+
+    python bench/allreduce.py --netem 1gbit --np 4 --sizes 1MiB,8MiB,64MiB
+
+Time per size is the median over repetitions of the slowest rank's time, each
+repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)/p
+(the bytes each rank's link carries, as in nccl-tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import format_size, link_rate_bps, parse_size, print_table, write_json
+
+DEFAULT_SIZES = "64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated buffer sizes")
+    ap.add_argument("--repeat", type=int, default=10, help="timed repetitions per size")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--impl", default="pipesgd,mpi,gloo", help="pipesgd,mpi,gloo")
+    ap.add_argument(
+        "--compression",
+        default=None,
+        help="pipesgd compression modes (default: none; with --netem: all three)",
+    )
+    ap.add_argument("--netem", metavar="RATE", help="run over emulated per-rank links (root)")
+    ap.add_argument("--np", type=int, default=2, help="ranks, with --netem")
+    ap.add_argument("--latency", default="0ms", help="added one-way latency, with --netem")
+    ap.add_argument("--tag", default="", help="suffix for the result file names")
+    return ap.parse_args(argv)
+
+
+def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
+    """Re-run this script as the rank program of bench/netem.py."""
+    rank_argv = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--netem", "--np", "--latency"):
+            skip = True
+            continue
+        if a.startswith(("--netem=", "--np=", "--latency=")):
+            continue
+        rank_argv.append(a)
+    if args.compression is None:
+        rank_argv += ["--compression", "none,trunc16,quant8"]
+    if not args.tag:
+        rank_argv += ["--tag", f"netem_{args.netem}"]
+    netem = Path(__file__).resolve().parent / "netem.py"
+    cmd = [
+        sys.executable,
+        str(netem),
+        "--np",
+        str(args.np),
+        "--rate",
+        args.netem,
+        "--latency",
+        args.latency,
+        "--",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *rank_argv,
+    ]
+    return subprocess.call(cmd)
+
+
+def time_op(comm, op: Callable[[], None], repeat: int, warmup: int) -> float:
+    """Median over repetitions of the slowest rank's time."""
+    from mpi4py import MPI
+
+    for _ in range(warmup):
+        op()
+    times = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        op()
+        elapsed = time.perf_counter() - t0
+        times.append(comm.allreduce(elapsed, op=MPI.MAX))
+    return statistics.median(times)
+
+
+def setup_gloo(comm):
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            import socket
+
+            port = 0
+            if comm.rank == 0:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+            os.environ["MASTER_PORT"] = str(comm.bcast(port))
+        dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    return dist
+
+
+def run(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    import pipesgd
+
+    comm = MPI.COMM_WORLD
+    p, rank = comm.size, comm.rank
+    impls = args.impl.split(",")
+    compressions = (args.compression or "none").split(",")
+    engine = pipesgd.init()
+    dist = setup_gloo(comm) if "gloo" in impls else None
+    rate = link_rate_bps()
+    rows, records = [], []
+    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+        n = nbytes // 4
+        buf = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        variants: list[tuple[str, Callable[[], None]]] = []
+        for c in compressions if "pipesgd" in impls else []:
+            label = "pipesgd" if c == "none" else f"pipesgd+{c}"
+            variants.append(
+                (label, lambda c=c, b=buf: engine.allreduce(b, op="sum", compression=c))
+            )
+        if "mpi" in impls:
+            variants.append(("mpi", lambda b=buf: comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)))
+        if dist is not None:
+            import torch
+
+            tensor = torch.from_numpy(buf)
+            variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
+        for label, op in variants:
+            # Keep values bounded across repetitions of a sum.
+            buf[:] = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+            t = time_op(comm, op, args.repeat, args.warmup)
+            algbw = nbytes / t / 1e9
+            busbw = algbw * 2 * (p - 1) / p if p > 1 else algbw
+            record = {
+                "impl": label,
+                "bytes": nbytes,
+                "p": p,
+                "time_s": t,
+                "algbw_GBps": algbw,
+                "busbw_GBps": busbw,
+            }
+            row = {
+                "size": format_size(nbytes),
+                "impl": label,
+                "time ms": t * 1e3,
+                "algbw GB/s": algbw,
+                "busbw GB/s": busbw,
+            }
+            if rate:
+                bound = 2 * (p - 1) / p * nbytes * 8 / rate
+                record["link_bound_s"] = bound
+                row["bound/time"] = bound / t
+            records.append(record)
+            rows.append(row)
+    if rank == 0:
+        where = f"emulated {rate / 1e9:g} Gbit/s links" if rate else "this machine"
+        print_table(rows, f"AllReduce, p = {p}, float32, {where}")
+        verdicts = check_targets(records, p, rate)
+        for line in verdicts:
+            print(line)
+        tag = f"_{args.tag}" if args.tag else ""
+        path = write_json(
+            f"allreduce_p{p}{tag}.json",
+            {
+                "p": p,
+                "link_rate_bps": rate,
+                "records": records,
+                "targets": verdicts,
+                "command": " ".join(sys.argv),
+            },
+        )
+        plot(records, p, path.with_suffix(".png"), where)
+        print(f"wrote {path} and {path.with_suffix('.png')}")
+    engine.shutdown()
+    if dist is not None:
+        dist.destroy_process_group()
+
+
+def check_targets(records: list[dict], p: int, rate: float | None) -> list[str]:
+    """The issue's targets, checked on this run's figures."""
+    by = {(r["impl"], r["bytes"]): r for r in records}
+    sizes = sorted({r["bytes"] for r in records})
+    out = []
+    for nbytes in sizes:
+        mine = by.get(("pipesgd", nbytes))
+        if mine is None:
+            continue
+        if rate is None and nbytes >= 8 * 2**20:
+            others = [by[(i, nbytes)]["busbw_GBps"] for i in ("mpi", "gloo") if (i, nbytes) in by]
+            if others:
+                ratio = mine["busbw_GBps"] / max(others)
+                verdict = "PASS" if ratio >= 0.9 else "FAIL"
+                out.append(
+                    f"{format_size(nbytes)}: pipesgd busbw / best other = {ratio:.2f} "
+                    f"(target >= 0.9) {verdict}"
+                )
+        if rate is not None and nbytes == max(sizes):
+            ratio = mine["link_bound_s"] / mine["time_s"]
+            out.append(
+                f"{format_size(nbytes)}: link bound / pipesgd time = {ratio:.2f} "
+                f"(target >= 0.9) {'PASS' if ratio >= 0.9 else 'FAIL'}"
+            )
+            for c, limit in (("trunc16", 0.55), ("quant8", 0.30)):
+                other = by.get((f"pipesgd+{c}", nbytes))
+                if other:
+                    rel = other["time_s"] / mine["time_s"]
+                    out.append(
+                        f"{format_size(nbytes)}: {c} time / uncompressed = {rel:.2f} "
+                        f"(target <= {limit}) {'PASS' if rel <= limit else 'FAIL'}"
+                    )
+    return out
+
+
+def plot(records: list[dict], p: int, path: Path, where: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for impl in dict.fromkeys(r["impl"] for r in records):
+        pts = sorted((r["bytes"], r["busbw_GBps"]) for r in records if r["impl"] == impl)
+        ax.plot([x / 2**20 for x, _ in pts], [y for _, y in pts], marker="o", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("buffer size (MiB)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"AllReduce busbw, p = {p}, {where}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.netem:
+        return relaunch_over_netem(args, argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Shared by the benchmarks: sizes, the results folder, tables, JSON, and the
+emulated link (when running under bench/netem.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6}
+
+
+def parse_size(text: str) -> int:
+    """'64KiB' -> 65536; plain integers are bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]i?B|B)?\s*", text, flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot parse size {text!r}: use e.g. 64KiB, 8MiB, 1048576")
+    unit = (m.group(2) or "").upper()
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def format_size(nbytes: int) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{unit}"
+    return f"{nbytes}B"
+
+
+def link_rate_bps() -> float | None:
+    """Per-rank link rate in bit/s when running under bench/netem.py, else None."""
+    value = os.environ.get("PIPESGD_NETEM_RATE_BPS")
+    return float(value) if value else None
+
+
+def print_table(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    if title:
+        print(f"\n{title}")
+    print(tabulate(rows, headers="keys", floatfmt=".3g"))
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(payload, indent=2))
+    return path
