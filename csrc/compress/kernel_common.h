@@ -49,4 +49,47 @@ static inline float psg_f32_from_bits(uint32_t b) {
     return x;
 }
 
+/* ---- Traversal ----
+ * A single sequential stream reads at about 15 GB/s on a current Xeon core, less
+ * than the core can take: the hardware prefetcher keeps too few lines in flight for
+ * one stream. Walking PSG_STREAMS far-apart parts of the array in turn, one chunk at
+ * a time, keeps more misses outstanding (about +25% on the quant8 passes,
+ * bench/kernels.py). A leading partial chunk first brings the given pointer to a
+ * 64-byte boundary, since 64-byte vector accesses that straddle two cache lines
+ * cost up to a third of a store-heavy loop's bandwidth. Results do not depend on the
+ * visiting order: the passes are elementwise or an integer max. */
+#define PSG_STREAMS 4
+#define PSG_CHUNK 256 /* elements per visit; 1 KiB of float32 */
+#define PSG_ALIGN 64
+
+/* One pass over elements [begin, begin + count); returns max(acc, whatever the
+ * pass reduces), or acc for passes without reduction. */
+typedef uint32_t (*psg_range_fn)(const void* ctx, size_t begin, size_t count, uint32_t acc);
+
+/* Number of leading elements of size elem_size after which p is PSG_ALIGN-aligned
+ * (n if the array ends first, 0 if p is not even element-aligned). */
+static inline size_t psg_head_to_align(const void* p, size_t elem_size, size_t n) {
+    size_t misalign = (size_t)((uintptr_t)p % PSG_ALIGN);
+    if (misalign == 0 || misalign % elem_size != 0) return 0;
+    size_t head = (PSG_ALIGN - misalign) / elem_size;
+    return head < n ? head : n;
+}
+
+/* fn over [0, n): `head` elements, then PSG_STREAMS interleaved parts, then the
+ * tail. Returns the max of fn's reductions (0 for an empty range). */
+static inline uint32_t psg_run_streams(const void* ctx, size_t n, size_t head, psg_range_fn fn) {
+    uint32_t acc = fn(ctx, 0, head, 0);
+    size_t per_stream = (n - head) / PSG_STREAMS / PSG_CHUNK * PSG_CHUNK;
+    uint32_t stream_acc[PSG_STREAMS] = {0};
+    for (size_t c = 0; c < per_stream; c += PSG_CHUNK) {
+        for (size_t s = 0; s < PSG_STREAMS; ++s) {
+            stream_acc[s] = fn(ctx, head + s * per_stream + c, PSG_CHUNK, stream_acc[s]);
+        }
+    }
+    size_t tail = head + PSG_STREAMS * per_stream;
+    acc = fn(ctx, tail, n - tail, acc);
+    for (size_t s = 0; s < PSG_STREAMS; ++s) acc = acc > stream_acc[s] ? acc : stream_acc[s];
+    return acc;
+}
+
 #endif /* PIPESGD_COMPRESS_KERNEL_COMMON_H */

@@ -30,8 +30,9 @@
 #define Q8_HEADER_BYTES 4
 #define Q8_QNAN_BITS 0x7FC00000u
 /* 1.5 * 2^23: adding it to |v| <= 2^22 leaves v rounded to the nearest integer
- * (ties to even, the current rounding mode) in the low mantissa bits; subtracting
- * it back is exact. Unlike lrintf this vectorises on every SIMD level. */
+ * (ties to even, the current rounding mode) in the low mantissa bits, as two's
+ * complement; for |v| <= 127 the low byte is the int8. Unlike lrintf this vectorises
+ * on every SIMD level. */
 #define Q8_ROUND_MAGIC 12582912.0f
 
 static inline float q8_read_scale(const void* wire) {
@@ -58,67 +59,136 @@ static float q8_scale_of_max(uint32_t max_abs_bits) {
 static inline uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 static inline int8_t q8_round(float v) {
-    float r = (v + Q8_ROUND_MAGIC) - Q8_ROUND_MAGIC;
-    return (int8_t)(int32_t)r;
+    /* v + 1.5 * 2^23 holds round(v) in its low mantissa bits, two's complement. */
+    return (int8_t)(uint8_t)psg_f32_bits(v + Q8_ROUND_MAGIC);
+}
+
+/* Operands of one pass; each pass below reads only the fields it needs. */
+typedef struct {
+    const float* x;      /* encode: the input */
+    const int8_t* q_in;  /* fused ops: the incoming block ... */
+    float scale_in;      /* ... and its scale */
+    const float* local;  /* fused ops: this rank's values */
+    float scale;         /* the outgoing scale */
+    int8_t* q_out;       /* encodes: the outgoing block */
+    float* out;          /* decodes: the result */
+} q8_pass;
+
+/* The float32 value the fused ops quantise (or return): decode(in) + local, rounded
+ * exactly like the composition decode-then-add. */
+static inline float q8_sum(int8_t q_in, float scale_in, float local) {
+    float decoded = (float)q_in * scale_in;
+    return decoded + local;
+}
+
+static uint32_t q8_max_abs_x(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const float* x = ((const q8_pass*)ctx)->x + begin;
+    for (size_t i = 0; i < count; ++i) acc = max_u32(acc, psg_f32_bits(x[i]) & PSG_F32_ABS_MASK);
+    return acc;
+}
+
+static uint32_t q8_quantise_x(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const float* x = p->x + begin;
+    int8_t* q = p->q_out + begin;
+    float inv = 1.0f / p->scale;
+    for (size_t i = 0; i < count; ++i) q[i] = q8_round(x[i] * inv);
+    return acc;
+}
+
+static uint32_t q8_max_abs_sum(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const int8_t* q_in = p->q_in + begin;
+    const float* local = p->local + begin;
+    float scale_in = p->scale_in;
+    for (size_t i = 0; i < count; ++i) {
+        float sum = q8_sum(q_in[i], scale_in, local[i]);
+        acc = max_u32(acc, psg_f32_bits(sum) & PSG_F32_ABS_MASK);
+    }
+    return acc;
+}
+
+static uint32_t q8_quantise_sum(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const int8_t* q_in = p->q_in + begin;
+    const float* local = p->local + begin;
+    int8_t* q_out = p->q_out + begin;
+    float scale_in = p->scale_in;
+    float inv = 1.0f / p->scale;
+    for (size_t i = 0; i < count; ++i) {
+        q_out[i] = q8_round(q8_sum(q_in[i], scale_in, local[i]) * inv);
+    }
+    return acc;
+}
+
+static uint32_t q8_dequantise(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const int8_t* q = p->q_in + begin;
+    float* out = p->out + begin;
+    float scale = p->scale_in;
+    for (size_t i = 0; i < count; ++i) out[i] = (float)q[i] * scale;
+    return acc;
+}
+
+static uint32_t q8_dequantise_add(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const int8_t* q_in = p->q_in + begin;
+    const float* local = p->local + begin;
+    float* out = p->out + begin;
+    float scale_in = p->scale_in;
+    for (size_t i = 0; i < count; ++i) out[i] = q8_sum(q_in[i], scale_in, local[i]);
+    return acc;
+}
+
+/* Encodes q_out from the pass `quantise` once the block's max |value| is known. */
+static float q8_finish_encode(q8_pass* p, size_t n, size_t head, uint32_t max_abs_bits,
+                              psg_range_fn quantise) {
+    p->scale = q8_scale_of_max(max_abs_bits);
+    if (max_abs_bits == 0 || max_abs_bits >= PSG_F32_INF_BITS) {
+        memset(p->q_out, 0, n); /* zeros decode to zeros, or to NaN * 0 = NaN */
+    } else {
+        psg_run_streams(p, n, head, quantise);
+    }
+    return p->scale;
 }
 
 size_t psg_quant8_wire_bytes(size_t n) { return Q8_HEADER_BYTES + n; }
 
 PSG_KERNEL
 void psg_quant8_encode(const float* x, size_t n, void* wire) {
-    int8_t* q = (int8_t*)((unsigned char*)wire + Q8_HEADER_BYTES);
-    uint32_t max_bits = 0;
-    for (size_t i = 0; i < n; ++i) max_bits = max_u32(max_bits, psg_f32_bits(x[i]) & PSG_F32_ABS_MASK);
-    float scale = q8_scale_of_max(max_bits);
-    if (max_bits == 0 || max_bits >= PSG_F32_INF_BITS) {
-        memset(q, 0, n);
-    } else {
-        for (size_t i = 0; i < n; ++i) q[i] = q8_round(x[i] / scale);
-    }
-    q8_write_scale(wire, scale);
+    q8_pass p = {.x = x, .q_out = (int8_t*)((unsigned char*)wire + Q8_HEADER_BYTES)};
+    size_t head = psg_head_to_align(x, sizeof *x, n);
+    uint32_t max_bits = psg_run_streams(&p, n, head, q8_max_abs_x);
+    q8_write_scale(wire, q8_finish_encode(&p, n, head, max_bits, q8_quantise_x));
 }
 
 PSG_KERNEL
 void psg_quant8_decode(const void* wire, size_t n, float* out) {
-    const int8_t* q = (const int8_t*)((const unsigned char*)wire + Q8_HEADER_BYTES);
-    float scale = q8_read_scale(wire);
-    for (size_t i = 0; i < n; ++i) out[i] = (float)q[i] * scale;
+    q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)wire + Q8_HEADER_BYTES),
+                 .scale_in = q8_read_scale(wire),
+                 .out = out};
+    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), q8_dequantise);
 }
 
 PSG_KERNEL
 void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_t n,
                                   float* scratch, void* out_wire) {
     (void)scratch; /* see the file comment: recomputing beats a scratch round trip */
-    const int8_t* q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES);
-    int8_t* q_out = (int8_t*)((unsigned char*)out_wire + Q8_HEADER_BYTES);
-    float scale_in = q8_read_scale(in_wire);
-
-    uint32_t max_bits = 0;
-    for (size_t i = 0; i < n; ++i) {
-        float decoded = (float)q_in[i] * scale_in;
-        float sum = decoded + local[i];
-        max_bits = max_u32(max_bits, psg_f32_bits(sum) & PSG_F32_ABS_MASK);
-    }
-    float scale = q8_scale_of_max(max_bits);
-    if (max_bits == 0 || max_bits >= PSG_F32_INF_BITS) {
-        memset(q_out, 0, n);
-    } else {
-        for (size_t i = 0; i < n; ++i) {
-            float decoded = (float)q_in[i] * scale_in;
-            float sum = decoded + local[i];
-            q_out[i] = q8_round(sum / scale);
-        }
-    }
-    /* Written last, so in_wire == out_wire (in-place requantisation) is safe. */
-    q8_write_scale(out_wire, scale);
+    q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES),
+                 .scale_in = q8_read_scale(in_wire),
+                 .local = local,
+                 .q_out = (int8_t*)((unsigned char*)out_wire + Q8_HEADER_BYTES)};
+    size_t head = psg_head_to_align(local, sizeof *local, n);
+    uint32_t max_bits = psg_run_streams(&p, n, head, q8_max_abs_sum);
+    /* The scale is written last, so in_wire == out_wire (requantising in place) works. */
+    q8_write_scale(out_wire, q8_finish_encode(&p, n, head, max_bits, q8_quantise_sum));
 }
 
 PSG_KERNEL
 void psg_quant8_decode_add(const void* in_wire, const float* local, size_t n, float* out) {
-    const int8_t* q = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES);
-    float scale = q8_read_scale(in_wire);
-    for (size_t i = 0; i < n; ++i) {
-        float decoded = (float)q[i] * scale;
-        out[i] = decoded + local[i];
-    }
+    q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES),
+                 .scale_in = q8_read_scale(in_wire),
+                 .local = local,
+                 .out = out};
+    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), q8_dequantise_add);
 }

@@ -22,28 +22,75 @@ static inline uint16_t trunc16_of(float x) {
 
 static inline float float_of_trunc16(uint16_t h) { return psg_f32_from_bits((uint32_t)h << 16); }
 
+/* Operands of one pass; each pass reads only the fields it needs. */
+typedef struct {
+    const float* x;         /* encode: the input */
+    const uint16_t* in;     /* decodes and fused ops: the incoming block */
+    const float* local;     /* fused ops: this rank's values */
+    uint16_t* wire;         /* encodes: the outgoing block */
+    float* out;             /* decodes: the result */
+} t16_pass;
+
+static uint32_t t16_encode(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const float* x = p->x + begin;
+    uint16_t* wire = p->wire + begin;
+    for (size_t i = 0; i < count; ++i) wire[i] = trunc16_of(x[i]);
+    return acc;
+}
+
+static uint32_t t16_decode(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    float* out = p->out + begin;
+    for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]);
+    return acc;
+}
+
+static uint32_t t16_decode_add_encode(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    const float* local = p->local + begin;
+    uint16_t* wire = p->wire + begin;
+    for (size_t i = 0; i < count; ++i) {
+        float sum = float_of_trunc16(in[i]) + local[i];
+        wire[i] = trunc16_of(sum);
+    }
+    return acc;
+}
+
+static uint32_t t16_decode_add(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    const float* local = p->local + begin;
+    float* out = p->out + begin;
+    for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]) + local[i];
+    return acc;
+}
+
 size_t psg_trunc16_wire_bytes(size_t n) { return 2 * n; }
 
 PSG_KERNEL
 void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire) {
-    for (size_t i = 0; i < n; ++i) wire[i] = trunc16_of(x[i]);
+    t16_pass p = {.x = x, .wire = wire};
+    psg_run_streams(&p, n, psg_head_to_align(x, sizeof *x, n), t16_encode);
 }
 
 PSG_KERNEL
 void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
-    for (size_t i = 0; i < n; ++i) out[i] = float_of_trunc16(wire[i]);
+    t16_pass p = {.in = wire, .out = out};
+    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), t16_decode);
 }
 
 PSG_KERNEL
 void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, size_t n,
                                    uint16_t* out_wire) {
-    for (size_t i = 0; i < n; ++i) {
-        float sum = float_of_trunc16(in_wire[i]) + local[i];
-        out_wire[i] = trunc16_of(sum);
-    }
+    t16_pass p = {.in = in_wire, .local = local, .wire = out_wire};
+    psg_run_streams(&p, n, psg_head_to_align(local, sizeof *local, n), t16_decode_add_encode);
 }
 
 PSG_KERNEL
 void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t n, float* out) {
-    for (size_t i = 0; i < n; ++i) out[i] = float_of_trunc16(in_wire[i]) + local[i];
+    t16_pass p = {.in = in_wire, .local = local, .out = out};
+    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), t16_decode_add);
 }

@@ -105,7 +105,7 @@ for mode in ("trunc16", "quant8"):
         engine.allreduce(v, op="sum", compression=mode, timeout=60)
         assert identical_everywhere(v)
         if mode == "quant8":
-            for c, b, e in blocks(count):
+            for _, b, e in blocks(count):
                 touched = b <= poison < e or b <= 2 * SEG + 5 < e
                 assert np.all(np.isnan(v[b:e])) if touched else np.all(np.isfinite(v[b:e]))
         else:
