@@ -22,7 +22,8 @@
 
 /* The core library is built for baseline x86-64 (SSE2), where the 32-bit integer
  * max and the float -> int8 narrowing of quant8 take several instructions per
- * vector and a quant8 encode runs at about a third of memory bandwidth. Each kernel
+ * vector, and quant8 encodes fall far below memory bandwidth (bench/kernels.py on a
+ * core built with -DPSG_NO_TARGET_CLONES). Each kernel
  * is therefore also compiled for x86-64-v3 (AVX2) and x86-64-v4 (AVX-512), and the
  * loader picks the best one the CPU supports (GNU ifunc); the arithmetic is the same
  * IEEE operations in every version, so results do not depend on the machine.
@@ -50,16 +51,21 @@ static inline float psg_f32_from_bits(uint32_t b) {
 }
 
 /* ---- Traversal ----
- * A single sequential stream reads at about 15 GB/s on a current Xeon core, less
- * than the core can take: the hardware prefetcher keeps too few lines in flight for
- * one stream. Walking PSG_STREAMS far-apart parts of the array in turn, one chunk at
- * a time, keeps more misses outstanding (about +25% on the quant8 passes,
- * bench/kernels.py). A leading partial chunk first brings the given pointer to a
- * 64-byte boundary, since 64-byte vector accesses that straddle two cache lines
- * cost up to a third of a store-heavy loop's bandwidth. Results do not depend on the
- * visiting order: the passes are elementwise or an integer max. */
-#define PSG_STREAMS 4
+ * One sequential stream per array leaves read bandwidth unused: the hardware
+ * prefetcher keeps too few lines in flight for it. Walking PSG_STREAMS far-apart
+ * parts of the array in turn, one chunk at a time, keeps more misses outstanding.
+ * Two streams were best for the two-pass quant8 ops, which need it most (compare
+ * bench/kernels.py with the core built with -DPSG_STREAMS=1, 2 or 4). A leading
+ * partial chunk first brings the given pointer to a 64-byte boundary: numpy's large
+ * arrays start 16 bytes past one, and 64-byte vector stores that straddle two cache
+ * lines slow a float-writing loop markedly. Results do not depend on the visiting
+ * order: every pass is elementwise or an integer max. */
+#ifndef PSG_STREAMS
+#define PSG_STREAMS 2
+#endif
+#ifndef PSG_CHUNK
 #define PSG_CHUNK 256 /* elements per visit; 1 KiB of float32 */
+#endif
 #define PSG_ALIGN 64
 
 /* One pass over elements [begin, begin + count); returns max(acc, whatever the

@@ -5,12 +5,19 @@
  *
  * trunc16: each float32 keeps its upper 16 bits (sign, 8 exponent bits,
  *          7 mantissa bits), truncated toward zero; decoding shifts back.
- *          Wire size: 2 bytes per element. NaN stays NaN, +-Inf stays +-Inf.
+ *          Wire size: 2 bytes per element. NaN stays NaN (every NaN becomes the
+ *          quiet NaN 0x7FC0), +-Inf stays +-Inf.
  * quant8:  symmetric signed 8-bit, one float32 scale per block:
  *          scale = max|x| / 127, q = round_to_nearest(x / scale) in [-127, 127].
  *          Wire layout of a block of n elements: float32 scale, then n int8.
  *          A block of zeros has scale 0 and decodes to zeros. A block holding
  *          any NaN or Inf is encoded with scale NaN and decodes to all NaN.
+ *          The scale is max|x| / 127 rounded up to float32 (rounded down only
+ *          when 127 * scale would overflow), so |x - q * scale| <= scale / 2 up
+ *          to float32 rounding (< 382 * 2^-24 * scale), denormal blocks included.
+ *
+ * Fused ops are bitwise equal to the composition of the plain ones. Pointers
+ * need only their element's alignment. Block sizes n >= 0.
  */
 #ifndef PIPESGD_COMPRESS_KERNELS_H
 #define PIPESGD_COMPRESS_KERNELS_H
@@ -26,7 +33,7 @@ extern "C" {
 size_t psg_trunc16_wire_bytes(size_t n);
 void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire);
 void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out);
-/* out_wire = encode(decode(in_wire) + local) */
+/* out_wire = encode(decode(in_wire) + local); in_wire may equal out_wire. */
 void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, size_t n,
                                    uint16_t* out_wire);
 /* out = decode(in_wire) + local; out may alias local. */
@@ -37,7 +44,8 @@ size_t psg_quant8_wire_bytes(size_t n); /* 4 + n */
 void psg_quant8_encode(const float* x, size_t n, void* wire);
 void psg_quant8_decode(const void* wire, size_t n, float* out);
 /* out_wire = encode(decode(in_wire) + local); scratch holds n floats (caller-owned,
- * so the ring allocates nothing per call). */
+ * so the ring allocates nothing per call; the current kernel recomputes the sum
+ * instead of storing it and leaves scratch untouched). in_wire may equal out_wire. */
 void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_t n,
                                   float* scratch, void* out_wire);
 /* out = decode(in_wire) + local; out may alias local. */

@@ -9,8 +9,15 @@
  * clamped and |x - q * scale| <= scale / 2 holds for every element, including
  * blocks whose maximum is denormal: there max/127 would round to a much smaller
  * scale (or to 0) and the largest elements would be clamped far outside the bound.
- * Elements are divided by the scale rather than multiplied by 127 / max, because
- * that reciprocal overflows to Inf for denormal maxima.
+ * The one exception is max|x| within 127 ulps of FLT_MAX, where 127 * scale would
+ * overflow: there the scale is rounded down, and the largest |x| / scale exceeds 127
+ * by a few ulps only, so q = 127 still decodes within scale / 2.
+ *
+ * q = round(x * (1 / scale)): a multiplication is several times cheaper than a
+ * division and the quotient stays within 2 float32 roundings of x / scale, well
+ * inside the slack the bound allows. A subnormal scale has a reciprocal that
+ * overflows to Inf, so for those blocks x and scale are first multiplied by 2^64,
+ * which is exact for both (|x| <= 127 scale < 2^-119) and leaves the quotient as is.
  *
  * Special blocks: all zeros -> scale 0, q = 0, decodes to zeros. Any NaN or Inf
  * (including a sum that overflows in a fused op) -> scale = quiet NaN, q = 0, so the
@@ -19,21 +26,25 @@
  * Fused decode_add_encode needs max|decode(in) + local| before it can quantise.
  * It makes two passes over the inputs and recomputes the sum in the second one:
  * re-reading in (1 B) and local (4 B) per element moves less memory than writing
- * the sum to scratch and reading it back (4 B + 4 B, plus the write-allocate read),
- * see bench/kernels.py. Recomputation is bitwise identical because the sum is one
- * IEEE addition of the same operands (kernel_common.h disables FMA contraction).
+ * the sum to scratch and reading it back (4 B written, 4 B for the write-allocate
+ * read, 4 B read back), so the caller's scratch stays untouched. Recomputation is
+ * bitwise identical because the sum is one IEEE addition of the same operands
+ * (kernel_common.h disables FMA contraction).
  */
+#include <float.h>
+
 #include "kernel_common.h"
 #include "kernels.h"
 
 #define Q8_MAX 127
+#define Q8_SUBNORMAL_PRE_SCALE 18446744073709551616.0f /* 2^64 */
 #define Q8_HEADER_BYTES 4
 #define Q8_QNAN_BITS 0x7FC00000u
 /* 1.5 * 2^23: adding it to |v| <= 2^22 leaves v rounded to the nearest integer
  * (ties to even, the current rounding mode) in the low mantissa bits, as two's
- * complement; for |v| <= 127 the low byte is the int8. Unlike lrintf this vectorises
- * on every SIMD level. */
+ * complement. Unlike lrintf this vectorises on every SIMD level. */
 #define Q8_ROUND_MAGIC 12582912.0f
+#define Q8_ROUND_MAGIC_BITS 0x4B400000
 
 static inline float q8_read_scale(const void* wire) {
     float s;
@@ -53,14 +64,16 @@ static float q8_scale_of_max(uint32_t max_abs_bits) {
     /* float * 127 is exact in double (24 + 7 bits), so this test is exact; the
      * conversion above gave one of the two floats around max/127: take the upper. */
     if ((double)scale * Q8_MAX < (double)max_abs) scale = psg_f32_from_bits(psg_f32_bits(scale) + 1);
+    /* Near FLT_MAX, 127 * scale would decode to Inf: take the float below instead. */
+    if ((double)scale * Q8_MAX > FLT_MAX) scale = psg_f32_from_bits(psg_f32_bits(scale) - 1);
     return scale;
 }
 
 static inline uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 static inline int8_t q8_round(float v) {
-    /* v + 1.5 * 2^23 holds round(v) in its low mantissa bits, two's complement. */
-    return (int8_t)(uint8_t)psg_f32_bits(v + Q8_ROUND_MAGIC);
+    /* The bits of v + 1.5 * 2^23 are those of 1.5 * 2^23 plus round(v). */
+    return (int8_t)((int32_t)psg_f32_bits(v + Q8_ROUND_MAGIC) - Q8_ROUND_MAGIC_BITS);
 }
 
 /* Operands of one pass; each pass below reads only the fields it needs. */
@@ -69,7 +82,9 @@ typedef struct {
     const int8_t* q_in;  /* fused ops: the incoming block ... */
     float scale_in;      /* ... and its scale */
     const float* local;  /* fused ops: this rank's values */
-    float scale;         /* the outgoing scale */
+    float scale;         /* the outgoing scale, */
+    float pre_scale;     /* ... q = round((value * pre_scale) * inv_scale), */
+    float inv_scale;     /* ... inv_scale = 1 / (scale * pre_scale) */
     int8_t* q_out;       /* encodes: the outgoing block */
     float* out;          /* decodes: the result */
 } q8_pass;
@@ -91,8 +106,8 @@ static uint32_t q8_quantise_x(const void* ctx, size_t begin, size_t count, uint3
     const q8_pass* p = ctx;
     const float* x = p->x + begin;
     int8_t* q = p->q_out + begin;
-    float inv = 1.0f / p->scale;
-    for (size_t i = 0; i < count; ++i) q[i] = q8_round(x[i] * inv);
+    float pre = p->pre_scale, inv = p->inv_scale;
+    for (size_t i = 0; i < count; ++i) q[i] = q8_round((x[i] * pre) * inv);
     return acc;
 }
 
@@ -114,9 +129,9 @@ static uint32_t q8_quantise_sum(const void* ctx, size_t begin, size_t count, uin
     const float* local = p->local + begin;
     int8_t* q_out = p->q_out + begin;
     float scale_in = p->scale_in;
-    float inv = 1.0f / p->scale;
+    float pre = p->pre_scale, inv = p->inv_scale;
     for (size_t i = 0; i < count; ++i) {
-        q_out[i] = q8_round(q8_sum(q_in[i], scale_in, local[i]) * inv);
+        q_out[i] = q8_round((q8_sum(q_in[i], scale_in, local[i]) * pre) * inv);
     }
     return acc;
 }
@@ -147,6 +162,8 @@ static float q8_finish_encode(q8_pass* p, size_t n, size_t head, uint32_t max_ab
     if (max_abs_bits == 0 || max_abs_bits >= PSG_F32_INF_BITS) {
         memset(p->q_out, 0, n); /* zeros decode to zeros, or to NaN * 0 = NaN */
     } else {
+        p->pre_scale = p->scale < FLT_MIN ? Q8_SUBNORMAL_PRE_SCALE : 1.0f;
+        p->inv_scale = 1.0f / (p->scale * p->pre_scale);
         psg_run_streams(p, n, head, quantise);
     }
     return p->scale;
@@ -173,7 +190,7 @@ void psg_quant8_decode(const void* wire, size_t n, float* out) {
 PSG_KERNEL
 void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_t n,
                                   float* scratch, void* out_wire) {
-    (void)scratch; /* see the file comment: recomputing beats a scratch round trip */
+    (void)scratch; /* see the file comment: recomputing moves less memory */
     q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES),
                  .scale_in = q8_read_scale(in_wire),
                  .local = local,
