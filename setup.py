@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -45,7 +45,7 @@ setup(
     name="pipesgd",
     version="0.1.0",
     description="Pipelined SGD and pipeline parallelism over MPI with a compiled ring-AllReduce",
-    packages=["pipesgd"],
+    packages=find_packages(include=["pipesgd", "pipesgd.*"]),
     python_requires=">=3.10",
     install_requires=["numpy>=1.24", "mpi4py>=4.0", "torch>=2.2,<3"],
     extras_require={

@@ -1,0 +1,154 @@
+"""`pipesgd pipeline`: pipeline-parallel training under mpirun.
+
+    mpirun -n 2 pipesgd pipeline --model mlp --schedule 1f1b --epochs 3 --timeline out/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Pipeline-parallel training (1F1B / 1F1B-RR / GPipe) under mpirun."
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--plan", type=Path, help="plan JSON (default: even split, 1 replica)")
+    parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe"),
+                        help="override the plan's schedule")
+    parser.add_argument("--data", choices=("digits", "synthetic"),
+                        help="default: digits for mlp, synthetic 32x32 images for cnn")
+    parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--steps", type=int, help="batches of --batch-size per epoch (cap)")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="samples per optimizer step of gpipe (a flush)")
+    parser.add_argument("--micro-batch", type=int, help="samples per micro-batch (plan's)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vertical-sync", action="store_true")
+    parser.add_argument("--compression", choices=("none", "trunc16", "quant8"), default="none",
+                        help="all-reduce compression of replicated stages")
+    parser.add_argument("--staleness", type=int, default=1,
+                        help="replicated stages apply the gradient of K-1 rounds ago")
+    parser.add_argument("--json", type=Path, help="write throughput, utilisation, memory")
+    parser.add_argument("--save", type=Path, help="checkpoint directory (written each epoch)")
+    parser.add_argument("--resume", type=Path, help="continue from this checkpoint")
+    parser.add_argument("--timeline", type=Path, help="write timeline.json and timeline.png")
+    parser.add_argument("--print-schedule", action="store_true",
+                        help="print every rank's schedule table and exit")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _plan(args, num_layers: int, world: int):
+    from .plan import Plan
+
+    if args.plan is not None:
+        plan = Plan.load(args.plan)
+    else:
+        plan = Plan.even(num_layers, world, micro_batch=args.micro_batch or 8)
+    changes = {}
+    if args.schedule:
+        changes["schedule"] = args.schedule
+    if args.micro_batch:
+        changes["micro_batch"] = args.micro_batch
+    mb = changes.get("micro_batch", plan.micro_batch)
+    changes["micro_batches_per_step"] = max(1, args.batch_size // mb)
+    return plan.replace(**changes)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from mpi4py import MPI
+
+    from . import checkpoint, data, models
+    from . import schedule as sched
+    from . import timeline as tl
+    from .runtime import Pipeline
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+    model = models.MODELS[args.model]()
+    try:
+        plan = _plan(args, model.num_layers, comm.Get_size())
+        if args.print_schedule:
+            if rank == 0:
+                n = 2 * plan.world_size
+                print(sched.format_table(sched.build(plan, n)))
+            return 0
+        kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
+        if kind == "digits":
+            if args.model != "mlp":
+                raise SystemExit("--data digits has 64 features: use it with --model mlp")
+            (x, y), _ = data.digits(seed=args.seed)
+        else:
+            x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
+        stream = data.MicroBatches(x, y, plan.micro_batch, seed=args.seed)
+        limit = None
+        if args.steps:
+            limit = args.steps * max(1, args.batch_size // plan.micro_batch)
+        pipe = Pipeline(model, plan, comm, lr=args.lr, momentum=args.momentum, seed=args.seed,
+                        vertical_sync=args.vertical_sync, compression=args.compression,
+                        staleness=args.staleness)
+        start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
+        history = []
+        for epoch in range(start_epoch, start_epoch + args.epochs):
+            bar = None
+            if pipe.last and pipe.replica == 0 and not args.no_progress:
+                from tqdm import tqdm
+
+                n = len(stream) if limit is None else min(len(stream), limit)
+                bar = tqdm(total=len([i for i in range(n)
+                                      if plan.replica_of(pipe.stage_id, i) == 0]),
+                           desc=f"epoch {epoch}", unit="mb", file=sys.stderr, leave=False)
+
+            def tick(mb: int, loss: float, bar=bar) -> None:
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.3f}")
+
+            stats = pipe.train_epoch(stream, epoch, max_micro_batches=limit,
+                                     on_micro_batch=tick)
+            if bar is not None:
+                bar.close()
+            history.append(stats.to_dict())
+            if rank == 0:
+                util = " ".join(f"s{i}={u:.0%}" for i, u in enumerate(stats.stage_utilisation))
+                print(f"epoch {epoch}: loss {stats.loss:.4f} accuracy {stats.accuracy:.3f} | "
+                      f"{stats.throughput_samples_per_s:.0f} samples/s | utilisation {util}",
+                      flush=True)
+            if args.save:
+                checkpoint.save(pipe, args.save)
+        if args.timeline:
+            out = tl.write(pipe.timeline, comm, args.timeline, epoch=pipe.epochs_done - 1,
+                           title=f"{args.model} {plan.schedule} {plan.num_stages} stages")
+            if out is not None:
+                print(f"timeline: {out / 'timeline.json'} {out / 'timeline.png'}")
+        if args.json and rank == 0 and history:
+            last = history[-1]
+            report = {
+                "model": args.model,
+                "plan": plan.to_dict(),
+                "throughput_samples_per_s": last["throughput_samples_per_s"],
+                "stage_utilisation": last["stage_utilisation"],
+                "utilisation_per_rank": last["utilisation"],
+                "peak_rss_mb": last["peak_rss_mb"],
+                "peak_stash_mb": last["peak_stash_mb"],
+                "peak_activation_mb": last["peak_activation_mb"],
+                "peak_versions": last["peak_versions"],
+                "loss": last["loss"],
+                "accuracy": last["accuracy"],
+                "epochs": history,
+            }
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        pipe.close()
+        return 0
+    except Exception as exc:
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if comm.Get_size() > 1:
+            comm.Abort(1)  # the other ranks would wait on this one forever
+        return 1

@@ -1,0 +1,107 @@
+"""Models as ordered layer lists, so a plan can cut them at any layer boundary.
+
+A `LayerModel` builds layer `i` on its own, seeded by (seed, i): a rank builds only the
+layers of its stage, and every partition of the same model starts from the same
+weights (a single process building all layers gets them too, for reference runs).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LayerModel:
+    """An ordered list of layer builders.
+
+    Attributes:
+        name: short name ("mlp", "cnn").
+        builders: `builders[i]()` returns layer i as a fresh module.
+        input_shape: shape of one sample.
+        num_classes: output classes of the last layer.
+    """
+
+    name: str
+    builders: tuple[Callable[[], nn.Module], ...]
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.builders)
+
+    def build(self, start: int = 0, end: int | None = None, seed: int = 0) -> nn.Sequential:
+        """Layers [start, end) as an `nn.Sequential`, each seeded by (seed, index)."""
+        end = self.num_layers if end is None else end
+        layers = []
+        state = torch.random.get_rng_state()
+        try:
+            for i in range(start, end):
+                torch.manual_seed(seed * 100_003 + i)
+                layers.append(self.builders[i]())
+        finally:
+            torch.random.set_rng_state(state)
+        return nn.Sequential(*layers)
+
+
+def from_modules(layers: Sequence[nn.Module], input_shape: tuple[int, ...], num_classes: int,
+                 name: str = "model") -> LayerModel:
+    """Wrap already-built layers (every rank builds them all; prefer a `LayerModel`)."""
+    import copy
+
+    return LayerModel(
+        name, tuple((lambda m=m: copy.deepcopy(m)) for m in layers), input_shape, num_classes
+    )
+
+
+def mlp(sizes: Sequence[int] = (64, 500, 500, 10)) -> LayerModel:
+    """Linear/ReLU layers, e.g. 64-500-500-10 for the digits data set (5 layers)."""
+    builders: list[Callable[[], nn.Module]] = []
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        builders.append(lambda a=a, b=b: nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            builders.append(nn.ReLU)
+    return LayerModel("mlp", tuple(builders), (sizes[0],), sizes[-1])
+
+
+def _conv(cin: int, cout: int, batch_norm: bool) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        parts: list[nn.Module] = [nn.Conv2d(cin, cout, 3, padding=1)]
+        if batch_norm:
+            parts.append(nn.BatchNorm2d(cout))
+        parts.append(nn.ReLU())
+        return nn.Sequential(*parts)
+
+    return build
+
+
+def cnn(num_classes: int = 10, channels: int = 3, batch_norm: bool = False) -> LayerModel:
+    """AlexNet-style CNN for 32x32 inputs: 5 conv, 3 linear layers, 18.5 MB of weights.
+
+    Layers: conv64, pool, conv192, pool, conv384, conv256, conv256, pool, flatten,
+    fc512, fc512, fc(num_classes) -- 12 layers. `batch_norm` adds BatchNorm after each
+    convolution (its running statistics are per stage, not stashed).
+    """
+    builders: list[Callable[[], nn.Module]] = [
+        _conv(channels, 64, batch_norm),
+        lambda: nn.MaxPool2d(2),
+        _conv(64, 192, batch_norm),
+        lambda: nn.MaxPool2d(2),
+        _conv(192, 384, batch_norm),
+        _conv(384, 256, batch_norm),
+        _conv(256, 256, batch_norm),
+        lambda: nn.MaxPool2d(2),
+        nn.Flatten,
+        lambda: nn.Sequential(nn.Linear(256 * 4 * 4, 512), nn.ReLU()),
+        lambda: nn.Sequential(nn.Linear(512, 512), nn.ReLU()),
+        lambda: nn.Linear(512, num_classes),
+    ]
+    return LayerModel("cnn", tuple(builders), (channels, 32, 32), num_classes)
+
+
+MODELS: dict[str, Callable[[], LayerModel]] = {"mlp": mlp, "cnn": cnn}

@@ -1,0 +1,214 @@
+"""The pipeline plan: which layers each stage owns, how often it is replicated, how deep
+the pipeline runs. It is the format a planner emits (JSON or a `Plan` object).
+
+    {"stages": [{"layers": [0, 6], "replicas": 2}, {"layers": [6, 13], "replicas": 1}],
+     "schedule": "1f1b-rr", "micro_batch": 8, "in_flight": null}
+
+`layers` is a half-open range of global layer indices. Ranks are assigned stage by
+stage: stage 0's replicas take ranks 0..r0-1, stage 1's the next r1 ranks, and so on.
+`in_flight` is PipeDream's NOAM (minibatches admitted per input-stage replica); null
+means the optimum, ceil(#workers / #input-stage replicas).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SCHEDULES = ("1f1b", "1f1b-rr", "gpipe")
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message shows a plan that would."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage: global layers [start, end) on `replicas` ranks."""
+
+    start: int
+    end: int
+    replicas: int = 1
+
+    @property
+    def layers(self) -> range:
+        return range(self.start, self.end)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stage boundaries, replicas per stage, pipeline depth, schedule and micro-batch size.
+
+    Args:
+        stages: consecutive stages covering layers 0..num_layers-1 without gaps.
+        schedule: "1f1b", "1f1b-rr" (1f1b with replicated stages) or "gpipe".
+        micro_batch: samples per micro-batch (PipeDream's minibatch) sent through the pipe.
+        in_flight: minibatches admitted per input-stage replica (NOAM); None = optimum.
+        micro_batches_per_step: gpipe only: micro-batches per flush (one optimizer step).
+    """
+
+    stages: tuple[StagePlan, ...]
+    schedule: str = "1f1b"
+    micro_batch: int = 8
+    in_flight: int | None = None
+    micro_batches_per_step: int = 1
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        self.validate()
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def even(
+        cls,
+        num_layers: int,
+        stages: int,
+        *,
+        replicas: tuple[int, ...] | None = None,
+        **kwargs,
+    ) -> Plan:
+        """Cut `num_layers` layers into `stages` contiguous stages of near-equal length."""
+        if not 1 <= stages <= num_layers:
+            raise PlanError(
+                f"cannot cut {num_layers} layers into {stages} stages; "
+                f"use 1 <= stages <= {num_layers}, e.g. Plan.even({num_layers}, 2)"
+            )
+        bounds = [round(i * num_layers / stages) for i in range(stages + 1)]
+        reps = replicas or (1,) * stages
+        return cls(
+            stages=tuple(
+                StagePlan(bounds[i], bounds[i + 1], reps[i]) for i in range(stages)
+            ),
+            **kwargs,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        stages = tuple(
+            StagePlan(int(s["layers"][0]), int(s["layers"][1]), int(s.get("replicas", 1)))
+            for s in data["stages"]
+        )
+        known = {"stages", "schedule", "micro_batch", "in_flight", "micro_batches_per_step"}
+        return cls(
+            stages=stages,
+            schedule=data.get("schedule", "1f1b"),
+            micro_batch=int(data.get("micro_batch", 8)),
+            in_flight=data.get("in_flight"),
+            micro_batches_per_step=int(data.get("micro_batches_per_step", 1)),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["stages"] = [
+            {"layers": [s.start, s.end], "replicas": s.replicas} for s in self.stages
+        ]
+        extra = out.pop("extra")
+        out.update(extra)
+        return out
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def replace(self, **changes) -> Plan:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ----------------------------------------------------------------- validation
+    def validate(self, num_layers: int | None = None) -> None:
+        example = (
+            '{"stages": [{"layers": [0, 3], "replicas": 1}, {"layers": [3, 5], "replicas": 1}], '
+            '"schedule": "1f1b", "micro_batch": 8}'
+        )
+        if not self.stages:
+            raise PlanError(f"a plan needs at least one stage, e.g. {example}")
+        if self.schedule not in SCHEDULES:
+            raise PlanError(
+                f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        expect = 0
+        for i, s in enumerate(self.stages):
+            if s.start != expect or s.end <= s.start:
+                raise PlanError(
+                    f"stage {i} covers layers [{s.start}, {s.end}) but must start at layer "
+                    f"{expect} and be non-empty: stages are consecutive half-open ranges, "
+                    f"e.g. {example}"
+                )
+            if s.replicas < 1:
+                raise PlanError(f"stage {i} has {s.replicas} replicas; use replicas >= 1")
+            expect = s.end
+        if num_layers is not None and expect != num_layers:
+            raise PlanError(
+                f"the plan covers layers [0, {expect}) but the model has {num_layers} layers; "
+                f"make the last stage end at {num_layers}, e.g. "
+                f"Plan.even({num_layers}, {len(self.stages)})"
+            )
+        if self.micro_batch < 1:
+            raise PlanError(f"micro_batch must be >= 1, got {self.micro_batch}")
+        if self.in_flight is not None and self.in_flight < 1:
+            raise PlanError(f"in_flight must be >= 1 or null, got {self.in_flight}")
+        if self.micro_batches_per_step < 1:
+            raise PlanError(
+                f"micro_batches_per_step must be >= 1, got {self.micro_batches_per_step}"
+            )
+        if self.schedule == "1f1b" and any(s.replicas > 1 for s in self.stages):
+            raise PlanError(
+                "schedule '1f1b' runs one rank per stage; this plan replicates a stage: "
+                "use schedule '1f1b-rr' for replicated stages"
+            )
+
+    # ----------------------------------------------------------------- layout
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def world_size(self) -> int:
+        return sum(s.replicas for s in self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].end
+
+    @property
+    def noam(self) -> int:
+        """Minibatches admitted per input-stage replica (PipeDream §3.2)."""
+        if self.in_flight is not None:
+            return self.in_flight
+        return math.ceil(self.world_size / self.stages[0].replicas)
+
+    def first_rank(self, stage: int) -> int:
+        return sum(s.replicas for s in self.stages[:stage])
+
+    def rank_of(self, stage: int, replica: int) -> int:
+        return self.first_rank(stage) + replica
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """(stage, replica) run by `rank`."""
+        for stage, s in enumerate(self.stages):
+            first = self.first_rank(stage)
+            if first <= rank < first + s.replicas:
+                return stage, rank - first
+        raise PlanError(
+            f"rank {rank} has no stage: the plan needs {self.world_size} ranks; "
+            f"run `mpirun -n {self.world_size} ...`"
+        )
+
+    def replica_of(self, stage: int, micro_batch: int) -> int:
+        """Round-robin routing (1F1B-RR): forward and backward meet on the same replica."""
+        return micro_batch % self.stages[stage].replicas
+
+    def check_world(self, size: int) -> None:
+        if size != self.world_size:
+            raise PlanError(
+                f"the plan places {self.world_size} stage replicas but {size} ranks run; "
+                f"run `mpirun -n {self.world_size} ...` or change the plan's replicas"
+            )

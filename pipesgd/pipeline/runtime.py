@@ -1,0 +1,367 @@
+"""The pipeline runtime: runs this rank's schedule, one action at a time, over MPI.
+
+    pipe = Pipeline(models.mlp(), Plan.even(5, 2), lr=0.05)   # every rank, under mpirun
+    stats = pipe.train_epoch(MicroBatches(x, y, micro_batch=8), epoch=0)
+
+Each action dispatches through one table (`_HANDLERS`); receives are posted a few
+actions ahead so the sends of neighbours land early. The schedule is generated from
+the plan and deadlock-checked offline (schedule.build) before the first action runs.
+When an action fails, the rank prints its schedule table with that action marked.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from mpi4py import MPI
+from torch import Tensor, nn
+
+from . import schedule as sched
+from .data import MicroBatches
+from .models import LayerModel, from_modules
+from .p2p import StageLink, TensorSpec
+from .plan import Plan, PlanError
+from .replicas import LocalGradients, ReplicaGradientSync
+from .schedule import Action
+from .stage import Stage
+from .stash import WeightPolicy, make_policy
+from .timeline import Timeline
+
+LOOKAHEAD = 8  # actions ahead whose receives are posted early
+
+
+@dataclass
+class EpochStats:
+    """What one epoch did, identical on every rank (per-rank lists indexed by rank)."""
+
+    epoch: int
+    micro_batches: int
+    samples: int
+    seconds: float
+    throughput_samples_per_s: float
+    loss: float
+    accuracy: float
+    utilisation: list[float] = field(default_factory=list)
+    stage_utilisation: list[float] = field(default_factory=list)
+    peak_versions: list[int] = field(default_factory=list)
+    peak_stash_mb: list[float] = field(default_factory=list)
+    peak_activation_mb: list[float] = field(default_factory=list)
+    peak_rss_mb: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _no_step_between_forward_and_backward(acts: list[Action]) -> set[int]:
+    """Micro-batches whose forward and backward see no optimizer step in between."""
+    open_since: dict[int, bool] = {}
+    out = set()
+    for a in acts:
+        if a.kind == "F":
+            open_since[a.mb] = True
+        elif a.kind == "U":
+            open_since = dict.fromkeys(open_since, False)
+        elif a.kind == "B" and open_since.pop(a.mb):
+            out.add(a.mb)
+    return out
+
+
+class Pipeline:
+    """One stage replica of a pipeline-parallel model on this rank (call on every rank).
+
+    Args:
+        model: a `LayerModel` (each rank builds only its layers) or a list/`nn.Sequential`
+            of layers (built everywhere; only this stage's are kept).
+        plan: stage boundaries, replicas, schedule, micro-batch size.
+        comm: MPI communicator (default COMM_WORLD); its size must match the plan.
+        lr, momentum, weight_decay: SGD settings, unless `optimizer` is given.
+        optimizer: factory `params -> torch.optim.Optimizer`.
+        loss_fn: loss of the last stage (default cross-entropy, mean over the micro-batch).
+        weight_policy: "stash" (default for 1f1b), "latest" (default for gpipe),
+            "vertical", or a `WeightPolicy` subclass.
+        vertical_sync: shorthand for weight_policy="vertical".
+        compression, staleness: gradient all-reduce of replicated stages (engine).
+        seed: layer initialization and per-micro-batch RNG (dropout) seed.
+        input_shape: one sample's shape when `model` is a plain list of layers.
+
+    Raises:
+        PlanError: the plan does not fit the model or the number of ranks.
+    """
+
+    def __init__(
+        self,
+        model: LayerModel | nn.Sequential | Sequence[nn.Module],
+        plan: Plan,
+        comm: MPI.Comm | None = None,
+        *,
+        lr: float = 0.05,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+        weight_policy: str | type[WeightPolicy] | None = None,
+        vertical_sync: bool = False,
+        compression: str = "none",
+        staleness: int = 1,
+        seed: int = 0,
+        record_timeline: bool = True,
+    ) -> None:
+        if not isinstance(model, LayerModel):
+            model = from_modules(list(model), input_shape=(), num_classes=0)
+        self.model = model
+        self.plan = plan
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        plan.validate(num_layers=model.num_layers)
+        plan.check_world(self.comm.Get_size())
+        self.rank = self.comm.Get_rank()
+        self.stage_id, self.replica = plan.position(self.rank)
+        self.stage_plan = plan.stages[self.stage_id]
+        self.first = self.stage_id == 0
+        self.last = self.stage_id == plan.num_stages - 1
+        self.seed = seed
+        if vertical_sync:
+            weight_policy = "vertical"
+        if weight_policy is None:
+            weight_policy = "latest" if plan.schedule == "gpipe" else "stash"
+        if weight_policy == "vertical" and any(s.replicas > 1 for s in plan.stages):
+            raise PlanError(
+                "vertical sync needs one version counter per stage; it does not combine with "
+                "replicated stages: set every stage's replicas to 1 or drop vertical_sync"
+            )
+        self.weight_policy = weight_policy
+        module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
+        if optimizer is None:
+            def optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+                return torch.optim.SGD(params, lr=lr, momentum=momentum,
+                                       weight_decay=weight_decay)
+        self.stage = Stage(
+            module,
+            self.stage_id,
+            self.last,
+            optimizer,
+            lambda params: make_policy(weight_policy, params),
+            loss_fn or nn.CrossEntropyLoss(),
+        )
+        # Collective over comm: every rank splits, each stage gets its replicas' group.
+        self.stage_comm = self.comm.Split(self.stage_id, self.replica)
+        if self.stage_plan.replicas > 1:
+            self.sync: LocalGradients | ReplicaGradientSync = ReplicaGradientSync(
+                self.stage_comm, compression=compression, staleness=staleness
+            )
+        else:
+            self.sync = LocalGradients()
+        self.link = StageLink(self.comm, plan, self.rank)
+        label = f"stage {self.stage_id}" + (
+            f" replica {self.replica}" if self.stage_plan.replicas > 1 else ""
+        )
+        self.timeline = Timeline(self.rank, label)
+        self.record_timeline = record_timeline
+        self.epochs_done = 0
+        self._schedules: dict[int, sched.Schedule] = {}
+        self._shaken = False
+        self._handlers: dict[str, Callable[[Action], None]] = {
+            "F": self._forward, "B": self._backward, "U": self._update, "AR": self._allreduce,
+            "RF": self._recv, "RB": self._recv, "SF": self._send, "SB": self._send,
+        }
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, num_micro_batches: int) -> sched.Schedule:
+        """Every rank's lowered, deadlock-checked schedule of one epoch."""
+        if num_micro_batches not in self._schedules:
+            self._schedules[num_micro_batches] = sched.build(self.plan, num_micro_batches)
+        return self._schedules[num_micro_batches]
+
+    # ------------------------------------------------------------------ training
+    def train_epoch(
+        self,
+        data: MicroBatches,
+        epoch: int | None = None,
+        *,
+        max_micro_batches: int | None = None,
+        on_micro_batch: Callable[[int, float], None] | None = None,
+    ) -> EpochStats:
+        """Run one epoch of the plan's schedule; returns the same stats on every rank.
+
+        Args:
+            data: the same deterministic stream on every rank (only the first stage reads
+                inputs, only the last reads labels).
+            epoch: epoch number (default: the next one); it seeds the data order.
+            max_micro_batches: cut the epoch short (e.g. for benchmarks).
+            on_micro_batch: called on last-stage ranks after each forward with
+                (micro-batch, loss).
+        """
+        epoch = self.epochs_done if epoch is None else epoch
+        n = len(data) if max_micro_batches is None else min(len(data), max_micro_batches)
+        if data.micro_batch != self.plan.micro_batch:
+            raise PlanError(
+                f"the data is cut into micro-batches of {data.micro_batch} but the plan says "
+                f"{self.plan.micro_batch}: build MicroBatches(x, y, "
+                f"micro_batch={self.plan.micro_batch})"
+            )
+        acts = self.schedule(n)[self.rank]
+        if not self._shaken:
+            spec = None
+            if self.first:
+                x0 = data.inputs(epoch, 0)
+                spec = TensorSpec(x0.dtype, tuple(x0.shape))
+            self.link.handshake(spec, self.stage.probe)
+            self._shaken = True
+        self._data, self._epoch, self._on_mb = data, epoch, on_micro_batch
+        self._inputs: dict[int, tuple[Tensor, int]] = {}
+        self._outputs: dict[int, tuple[Tensor, int]] = {}
+        self._grads: dict[int, Tensor] = {}
+        self._grad_in: dict[int, Tensor] = {}
+        self._last_round = max((a.mb for a in acts if a.kind == "U"), default=-1)
+        self._live_ok = _no_step_between_forward_and_backward(acts)
+        self._loss_sum, self._correct, self._seen = 0.0, 0, 0
+        if not self.record_timeline:
+            self.timeline.clear()
+
+        self.comm.Barrier()
+        self.timeline.start_epoch(epoch)
+        start = time.perf_counter()
+        posted = 0
+        for i, a in enumerate(acts):
+            while posted < min(len(acts), i + LOOKAHEAD):
+                b = acts[posted]
+                if b.kind in ("RF", "RB"):
+                    self.link.post(b, sched.peer(self.plan, b))
+                posted += 1
+            t0 = time.perf_counter()
+            try:
+                self._handlers[a.kind](a)
+            except Exception:
+                print(
+                    f"rank {self.rank} failed at action {a} (step {i}); schedule:\n"
+                    + sched.format_table({self.rank: acts}, {self.rank: i}),
+                    file=sys.stderr, flush=True,
+                )
+                raise
+            self.timeline.record(str(a), a.kind, t0, time.perf_counter())
+            self.link.progress()
+        self.link.drain()
+        elapsed = time.perf_counter() - start
+        if self.stage.in_flight:
+            raise RuntimeError(f"rank {self.rank}: {self.stage.in_flight} micro-batches left "
+                               f"in flight after the epoch; the schedule is incomplete")
+        self.epochs_done = epoch + 1
+        return self._epoch_stats(epoch, n, elapsed)
+
+    def _epoch_stats(self, epoch: int, n: int, elapsed: float) -> EpochStats:
+        mine = {
+            "stage": self.stage_id,
+            "seconds": elapsed,
+            "busy": self.timeline.busy(),
+            "loss": self._loss_sum,
+            "correct": self._correct,
+            "seen": self._seen,
+            "versions": self.stage.policy.peak_versions,
+            "stash": self.stage.policy.peak_bytes / 2**20,
+            "act": self.stage.peak_activation_bytes / 2**20,
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        every = self.comm.allgather(mine)
+        seconds = max(r["seconds"] for r in every)
+        seen = sum(r["seen"] for r in every)
+        util = [r["busy"] / seconds for r in every]
+        per_stage = [
+            sum(u for u, r in zip(util, every, strict=True) if r["stage"] == s)
+            / self.plan.stages[s].replicas
+            for s in range(self.plan.num_stages)
+        ]
+        samples = n * self.plan.micro_batch
+        return EpochStats(
+            epoch=epoch,
+            micro_batches=n,
+            samples=samples,
+            seconds=seconds,
+            throughput_samples_per_s=samples / seconds,
+            loss=sum(r["loss"] for r in every) / max(1, seen),
+            accuracy=sum(r["correct"] for r in every) / max(1, seen),
+            utilisation=util,
+            stage_utilisation=per_stage,
+            peak_versions=[r["versions"] for r in every],
+            peak_stash_mb=[r["stash"] for r in every],
+            peak_activation_mb=[r["act"] for r in every],
+            peak_rss_mb=[r["rss"] for r in every],
+        )
+
+    # ------------------------------------------------------------------ actions
+    def _forward(self, a: Action) -> None:
+        # Per-micro-batch RNG: dropout masks do not depend on the partition or on resume.
+        torch.manual_seed((self.seed * 1_000_003 + self._epoch * 100_019 + a.mb) * 131
+                          + self.stage_id)
+        if self.first:
+            x, version = self._data.inputs(self._epoch, a.mb), None
+        else:
+            x, version = self._inputs.pop(a.mb)
+        out, used = self.stage.forward(a.mb, x, version, a.mb in self._live_ok)
+        if self.last:
+            y = self._data.labels(self._epoch, a.mb)
+            loss = self.stage.loss(a.mb, y)
+            value = float(loss.detach())
+            self._loss_sum += value * len(y)
+            self._correct += int((out.detach().argmax(dim=1) == y).sum())
+            self._seen += len(y)
+            if self._on_mb is not None:
+                self._on_mb(a.mb, value)
+        else:
+            self._outputs[a.mb] = (out, used)
+
+    def _backward(self, a: Action) -> None:
+        grad = None if self.last else self._grads.pop(a.mb)
+        grad_x = self.stage.backward(a.mb, grad)
+        if not self.first:
+            self._grad_in[a.mb] = grad_x
+
+    def _send(self, a: Action) -> None:
+        dst = sched.peer(self.plan, a)
+        if a.kind == "SF":
+            out, version = self._outputs.pop(a.mb)
+            self.link.send(out, a, dst, version)
+        else:
+            self.link.send(self._grad_in.pop(a.mb), a, dst)
+
+    def _recv(self, a: Action) -> None:
+        device = self.stage.grad_sum.device
+        t, version = self.link.recv(a, sched.peer(self.plan, a), device)
+        if a.kind == "RF":
+            self._inputs[a.mb] = (t, version)
+        else:
+            self._grads[a.mb] = t
+
+    def _allreduce(self, a: Action) -> None:
+        flat, count = self.stage.take_gradient()
+        self.sync.submit(flat, count)
+
+    def _update(self, a: Action) -> None:
+        if self.stage_plan.replicas == 1:
+            flat, count = self.stage.take_gradient()
+            self.sync.submit(flat, count)
+        grads = self.sync.flush() if a.mb == self._last_round else self.sync.ready()
+        for g in grads:
+            self.stage.step(g)
+
+    # ------------------------------------------------------------------ state
+    def layer_state(self) -> dict[str, Tensor]:
+        """This stage's parameters and buffers keyed `<global layer>.<name>`."""
+        out = {}
+        for key, t in self.stage.module.state_dict().items():
+            local, _, rest = key.partition(".")
+            out[f"{int(local) + self.stage_plan.start}.{rest}"] = t.detach().clone()
+        return out
+
+    def gather_state(self, root: int = 0) -> list[dict[str, Tensor]] | None:
+        """Every rank's `layer_state()` on `root` (indexed by rank), None elsewhere."""
+        return self.comm.gather(self.layer_state(), root=root)
+
+    def close(self) -> None:
+        """Release the communicators and the engine of a replicated stage."""
+        self.sync.shutdown()
+        self.link.close()
+        self.stage_comm.Free()

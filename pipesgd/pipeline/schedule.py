@@ -1,0 +1,319 @@
+"""Schedules as data: actions, per-rank generators, lowering, offline deadlock check, table.
+
+An `Action` is a tiny value that prints as `<stage><kind><minibatch>` and parses back:
+
+    2F0   forward of micro-batch 0 on stage 2      2B0   its backward
+    1RF3  receive the activation of micro-batch 3   1SF3  send it downstream
+    1RB3  receive the gradient of micro-batch 3     1SB3  send it upstream
+    0AR5  all-reduce round 5 among stage 0 replicas 0U5   optimizer step of round 5
+
+`generate` builds each rank's compute actions (F, B, U) from the plan; `lower` adds the
+sends, receives and all-reduces; `simulate` runs all ranks' lists offline (sends never
+block, receives wait for their send, an all-reduce waits for every replica of its stage)
+and raises `DeadlockError` with the table of the stuck ranks before anything runs.
+
+1F1B (PipeDream §3.2): replica r of stage s takes micro-batches i with i % replicas == r
+(1F1B-RR), runs `warmup` forwards, then alternates backward/forward, then drains. With
+W_s workers from stage s to the end, warmup = ceil((NOAM * r_0 - (W_0 - W_s)) / r_s),
+i.e. NOAM - s on a straight pipeline. Each backward is followed by an optimizer step.
+GPipe: per step, all forwards of its micro-batches, then all backwards, then one step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .plan import Plan
+
+COMPUTE = ("F", "B", "U")
+COMM = ("RF", "SF", "RB", "SB", "AR")
+_PATTERN = re.compile(r"^(\d+)(RF|SF|RB|SB|AR|F|B|U)(\d+)$")
+
+
+class ScheduleError(RuntimeError):
+    """A schedule that is malformed or cannot finish."""
+
+
+class DeadlockError(ScheduleError):
+    """The offline simulation found ranks that wait on each other forever."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank: `kind` of micro-batch (or update round) `mb` on `stage`."""
+
+    stage: int
+    kind: str
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.mb}"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        m = _PATTERN.match(text.strip())
+        if m is None:
+            raise ScheduleError(
+                f"cannot parse action {text!r}: write <stage><kind><micro-batch>, e.g. '2F0', "
+                f"kinds {', '.join(COMPUTE + COMM)}"
+            )
+        return cls(int(m.group(1)), m.group(2), int(m.group(3)))
+
+
+Schedule = dict[int, list[Action]]
+
+
+def parse_schedule(rows: dict[int, Iterable[str]]) -> Schedule:
+    return {rank: [Action.parse(a) for a in acts] for rank, acts in rows.items()}
+
+
+# --------------------------------------------------------------------------- generators
+def warmup_forwards(plan: Plan, stage: int) -> int:
+    """Forwards a replica of `stage` runs before its first backward under 1F1B."""
+    workers = [sum(s.replicas for s in plan.stages[i:]) for i in range(plan.num_stages)]
+    admitted = plan.noam * plan.stages[0].replicas
+    ahead = admitted - (workers[0] - workers[stage])
+    return max(1, math.ceil(ahead / plan.stages[stage].replicas))
+
+
+def owned(plan: Plan, stage: int, replica: int, mbs: Iterable[int]) -> list[int]:
+    return [i for i in mbs if plan.replica_of(stage, i) == replica]
+
+
+def generate(plan: Plan, num_micro_batches: int) -> Schedule:
+    """Compute actions (F, B, U) of every rank for one epoch of `num_micro_batches`."""
+    if num_micro_batches < 1:
+        raise ScheduleError("an epoch needs at least one micro-batch")
+    out: Schedule = {}
+    for stage, sp in enumerate(plan.stages):
+        for rep in range(sp.replicas):
+            rank = plan.rank_of(stage, rep)
+            if plan.schedule == "gpipe":
+                out[rank] = _gpipe(plan, stage, rep, num_micro_batches)
+            else:
+                out[rank] = _one_f_one_b(plan, stage, rep, num_micro_batches)
+    return out
+
+
+def _one_f_one_b(plan: Plan, stage: int, rep: int, n: int) -> list[Action]:
+    mine = owned(plan, stage, rep, range(n))
+    rounds = math.ceil(n / plan.stages[stage].replicas)
+    warm = min(len(mine), warmup_forwards(plan, stage))
+    acts = [Action(stage, "F", i) for i in mine[:warm]]
+    for k, i in enumerate(mine):
+        acts += [Action(stage, "B", i), Action(stage, "U", k)]
+        if warm + k < len(mine):
+            acts.append(Action(stage, "F", mine[warm + k]))
+    # A replica with fewer micro-batches still joins every update round (with no gradient).
+    acts += [Action(stage, "U", k) for k in range(len(mine), rounds)]
+    return acts
+
+
+def _gpipe(plan: Plan, stage: int, rep: int, n: int) -> list[Action]:
+    m = plan.micro_batches_per_step
+    acts: list[Action] = []
+    for step, first in enumerate(range(0, n, m)):
+        mine = owned(plan, stage, rep, range(first, min(first + m, n)))
+        acts += [Action(stage, "F", i) for i in mine]
+        acts += [Action(stage, "B", i) for i in mine]
+        acts.append(Action(stage, "U", step))
+    return acts
+
+
+# --------------------------------------------------------------------------- lowering
+def lower(plan: Plan, compute: Schedule) -> Schedule:
+    """Add receives before and sends after each F/B, and an all-reduce before each U of
+    a replicated stage."""
+    last = plan.num_stages - 1
+    out: Schedule = {}
+    for rank, acts in compute.items():
+        lowered: list[Action] = []
+        for a in acts:
+            s = a.stage
+            if a.kind == "F":
+                if s > 0:
+                    lowered.append(Action(s, "RF", a.mb))
+                lowered.append(a)
+                if s < last:
+                    lowered.append(Action(s, "SF", a.mb))
+            elif a.kind == "B":
+                if s < last:
+                    lowered.append(Action(s, "RB", a.mb))
+                lowered.append(a)
+                if s > 0:
+                    lowered.append(Action(s, "SB", a.mb))
+            elif a.kind == "U":
+                if plan.stages[s].replicas > 1:
+                    lowered.append(Action(s, "AR", a.mb))
+                lowered.append(a)
+            else:
+                lowered.append(a)
+        out[rank] = lowered
+    return out
+
+
+def peer(plan: Plan, action: Action) -> int:
+    """Rank at the other end of a send or receive."""
+    s, mb = action.stage, action.mb
+    if action.kind in ("SF", "RB"):
+        other = s + 1
+    elif action.kind in ("RF", "SB"):
+        other = s - 1
+    else:
+        raise ScheduleError(f"{action} has no peer")
+    if not 0 <= other < plan.num_stages:
+        raise ScheduleError(f"{action}: stage {s} has no neighbour stage {other}")
+    return plan.rank_of(other, plan.replica_of(other, mb))
+
+
+def message_key(action: Action) -> tuple[str, int, int]:
+    """(direction, sending stage, micro-batch): identical for a send and its receive."""
+    if action.kind == "SF":
+        return ("act", action.stage, action.mb)
+    if action.kind == "RF":
+        return ("act", action.stage - 1, action.mb)
+    if action.kind == "SB":
+        return ("grad", action.stage, action.mb)
+    if action.kind == "RB":
+        return ("grad", action.stage + 1, action.mb)
+    raise ScheduleError(f"{action} is not a send or receive")
+
+
+# --------------------------------------------------------------------------- simulation
+def simulate(plan: Plan, schedule: Schedule) -> int:
+    """Run every rank's list offline; return the number of lock-step rounds it takes.
+
+    Raises:
+        DeadlockError: some ranks can never proceed; the message holds the table with
+            each stuck rank's action marked.
+        ScheduleError: a message is sent twice, never received, or received from the
+            wrong rank, or a micro-batch is not forwarded and backwarded exactly once.
+    """
+    _check_structure(plan, schedule)
+    pc = dict.fromkeys(schedule, 0)
+    mailbox: dict[tuple[int, tuple], int] = {}  # (dst, key) -> src
+    consumed: set[tuple[int, tuple]] = set()
+    arrived: dict[tuple[int, int], set[int]] = defaultdict(set)  # (stage, round) -> ranks
+    rounds = 0
+    while any(pc[r] < len(schedule[r]) for r in schedule):
+        progressed = False
+        posted: list[tuple[tuple[int, tuple], int]] = []
+        for rank, acts in schedule.items():
+            while pc[rank] < len(acts):
+                a = acts[pc[rank]]
+                if a.kind in ("SF", "SB"):
+                    dst = peer(plan, a)
+                    key = (dst, message_key(a))
+                    if key in mailbox or key in consumed:
+                        table = format_table(schedule, {rank: pc[rank]})
+                        raise ScheduleError(f"rank {rank} sends {a} twice\n{table}")
+                    posted.append((key, rank))
+                elif a.kind in ("RF", "RB"):
+                    key = (rank, message_key(a))
+                    if key not in mailbox:
+                        break
+                    src = mailbox.pop(key)
+                    if src != peer(plan, a):
+                        raise ScheduleError(
+                            f"rank {rank} expects {a} from rank {peer(plan, a)} but rank "
+                            f"{src} sends it\n{format_table(schedule, {rank: pc[rank]})}"
+                        )
+                    consumed.add(key)
+                elif a.kind == "AR":
+                    group = arrived[(a.stage, a.mb)]
+                    group.add(rank)
+                    if len(group) < plan.stages[a.stage].replicas:
+                        break
+                pc[rank] += 1
+                progressed = True
+                # One compute action per round keeps the round count meaningful.
+                if a.kind in COMPUTE:
+                    break
+        for key, src in posted:
+            mailbox[key] = src
+        if not progressed and not posted:
+            stuck = {r: pc[r] for r in schedule if pc[r] < len(schedule[r])}
+            detail = ", ".join(f"rank {r} waits at {schedule[r][i]}" for r, i in stuck.items())
+            raise DeadlockError(
+                f"schedule deadlocks: {detail}\n{format_table(schedule, stuck)}"
+            )
+        rounds += 1
+    if mailbox:
+        lost = ", ".join(f"{key[1]} to rank {key[0]}" for key in mailbox)
+        raise ScheduleError(f"messages sent but never received: {lost}")
+    return rounds
+
+
+def _check_structure(plan: Plan, schedule: Schedule) -> None:
+    missing = set(range(plan.world_size)) - set(schedule)
+    if missing:
+        raise ScheduleError(f"no actions for ranks {sorted(missing)}")
+    for rank, acts in schedule.items():
+        stage, _ = plan.position(rank)
+        forwards: set[int] = set()
+        backwards: set[int] = set()
+        for i, a in enumerate(acts):
+            where = f"\n{format_table(schedule, {rank: i})}"
+            if a.stage != stage:
+                raise ScheduleError(f"rank {rank} runs stage {stage} but lists {a}{where}")
+            if a.kind == "F":
+                if a.mb in forwards:
+                    raise ScheduleError(f"rank {rank} forwards micro-batch {a.mb} twice{where}")
+                forwards.add(a.mb)
+            elif a.kind == "B":
+                if a.mb not in forwards or a.mb in backwards:
+                    raise ScheduleError(
+                        f"rank {rank}: {a} needs exactly one earlier forward {stage}F{a.mb}"
+                        f"{where}"
+                    )
+                backwards.add(a.mb)
+        if forwards != backwards:
+            raise ScheduleError(
+                f"rank {rank} never runs the backward of micro-batches "
+                f"{sorted(forwards - backwards)}"
+            )
+
+
+def build(plan: Plan, num_micro_batches: int) -> Schedule:
+    """Generate, lower and deadlock-check the schedule of one epoch."""
+    sched = lower(plan, generate(plan, num_micro_batches))
+    simulate(plan, sched)
+    return sched
+
+
+# --------------------------------------------------------------------------- printing
+def format_table(schedule: Schedule, marks: dict[int, int] | None = None) -> str:
+    """Rank-by-step table; `marks` maps rank -> index of the action to flag with >...<."""
+    marks = marks or {}
+    ranks = sorted(schedule)
+    cells = {
+        r: [f">{a}<" if marks.get(r) == i else str(a) for i, a in enumerate(schedule[r])]
+        for r in ranks
+    }
+    steps = max((len(c) for c in cells.values()), default=0)
+    width = max([6, *(len(x) for c in cells.values() for x in c)]) + 1
+    head = "step".ljust(5) + "".join(f"rank{r}".rjust(width) for r in ranks)
+    lines = [head]
+    for i in range(steps):
+        row = "".join((cells[r][i] if i < len(cells[r]) else "").rjust(width) for r in ranks)
+        lines.append(str(i).ljust(5) + row)
+    return "\n".join(lines)
+
+
+def to_csv(schedule: Schedule) -> str:
+    """One line per rank: `rank,action,action,...`."""
+    return "\n".join(
+        ",".join([str(r), *(str(a) for a in schedule[r])]) for r in sorted(schedule)
+    ) + "\n"
+
+
+def from_csv(text: str) -> Schedule:
+    out: Schedule = {}
+    for line in text.strip().splitlines():
+        rank, *acts = line.split(",")
+        out[int(rank)] = [Action.parse(a) for a in acts]
+    return out

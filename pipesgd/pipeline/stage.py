@@ -1,0 +1,174 @@
+"""One stage replica's compute: forward and backward of micro-batches through its layers,
+gradient accumulation into a flat buffer, and the optimizer step.
+
+Forwards run through `torch.func.functional_call` on the parameter tensors the weight
+policy hands out (stash.py), so the backward of a micro-batch differentiates exactly the
+version its forward used; `torch.autograd.grad` returns the gradients without touching
+any `.grad` shared between micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from .p2p import TensorSpec
+from .stash import WeightPolicy
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """What a micro-batch's backward needs: input leaf, output (or loss), its weights."""
+
+    x: Tensor
+    out: Tensor
+    weights: list[Tensor]
+    version: int
+
+
+class Stage:
+    """Layers [start, end) of the model on this rank.
+
+    Args:
+        module: the stage's layers as one module (usually `nn.Sequential`).
+        stage: stage index; `last` says whether it computes the loss.
+        optimizer_factory: builds the optimizer over the live parameters.
+        policy_factory: builds the weight-version policy over the live parameters.
+        loss_fn: loss of the last stage.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        stage: int,
+        last: bool,
+        optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        policy_factory: Callable[[list[nn.Parameter]], WeightPolicy],
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+    ) -> None:
+        self.module = module
+        self.stage = stage
+        self.last = last
+        self.loss_fn = loss_fn
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self._policy_factory = policy_factory
+        self.policy = policy_factory(self.params)
+        self.optimizer = optimizer_factory(self.params) if self.params else None
+        numel = sum(p.numel() for p in self.params)
+        dtype = self.params[0].dtype if self.params else torch.float32
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.grad_sum = torch.zeros(numel, dtype=dtype, device=device)
+        self.grad_count = 0
+        self._grad_views = self._views(self.grad_sum)
+        self._in_flight: dict[int, _InFlight] = {}
+        self.peak_activation_bytes = 0
+
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        views, offset = [], 0
+        for p in self.params:
+            views.append(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return views
+
+    def reset_policy(self) -> None:
+        """Start a fresh policy (after the live parameters were loaded from a checkpoint)."""
+        if self._in_flight:
+            raise RuntimeError("cannot reset the weight policy with micro-batches in flight")
+        self.policy = self._policy_factory(self.params)
+
+    # ------------------------------------------------------------------ compute
+    def forward(self, mb: int, x: Tensor, version: int | None = None, live_ok: bool = False
+                ) -> tuple[Tensor, int]:
+        """Run the layers on `x` for micro-batch `mb`; returns (output, weight version).
+
+        `live_ok`: no optimizer step runs before this micro-batch's backward (see stash).
+        """
+        v, weights = self.policy.forward_weights(mb, version, live_ok)
+        if x.is_floating_point() and self.stage > 0:
+            x = x.detach().requires_grad_(True)
+        if weights is self.params:
+            out = self.module(x)
+        else:
+            out = functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
+        self._in_flight[mb] = _InFlight(x, out, weights, v)
+        held = sum(f.out.numel() * f.out.element_size() for f in self._in_flight.values())
+        self.peak_activation_bytes = max(self.peak_activation_bytes, held)
+        return out, v
+
+    def loss(self, mb: int, labels: Tensor) -> Tensor:
+        """Last stage: replace micro-batch `mb`'s output by its loss (kept for backward)."""
+        f = self._in_flight[mb]
+        f.out = self.loss_fn(f.out, labels)
+        return f.out
+
+    def backward(self, mb: int, grad_out: Tensor | None) -> Tensor | None:
+        """Backward of micro-batch `mb`; accumulates weight gradients, returns the input's."""
+        f = self._in_flight.pop(mb)
+        wants_x = f.x.requires_grad
+        inputs = ([f.x] if wants_x else []) + list(f.weights)
+        grads = torch.autograd.grad(
+            f.out, inputs, grad_outputs=grad_out, allow_unused=True
+        ) if inputs else ()
+        grad_x = grads[0] if wants_x else None
+        first = self.grad_count == 0  # the first gradient of a round overwrites, no zeroing
+        for view, g in zip(self._grad_views, grads[int(wants_x):], strict=True):
+            if g is None:
+                if first:
+                    view.zero_()
+            elif first:
+                view.copy_(g)
+            else:
+                view.add_(g)
+        self.grad_count += 1
+        self.policy.release(mb)
+        return grad_x
+
+    def take_gradient(self) -> tuple[Tensor, int]:
+        """The round's summed gradient and micro-batch count; resets the count.
+
+        The buffer is returned, not copied: it stays valid until the next backward,
+        which overwrites it (consumers that keep it longer copy it).
+        """
+        if self.grad_count == 0:
+            self.grad_sum.zero_()
+        count, self.grad_count = self.grad_count, 0
+        return self.grad_sum, count
+
+    def step(self, flat_grad: Tensor) -> None:
+        """Apply one averaged flat gradient with the optimizer; a new weight version."""
+        if self.optimizer is not None:
+            flat_grad = flat_grad.to(self.grad_sum.device)
+            for p, g in zip(self.params, self._views(flat_grad), strict=True):
+                p.grad = g
+            scale = self.policy.lr_scale(self.stage)
+            if scale != 1.0:
+                saved = [group["lr"] for group in self.optimizer.param_groups]
+                for group in self.optimizer.param_groups:
+                    group["lr"] = group["lr"] * scale
+            self.optimizer.step()
+            if scale != 1.0:
+                for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
+                    group["lr"] = lr
+            for p in self.params:
+                p.grad = None
+        self.policy.after_update()
+
+    # ------------------------------------------------------------------ shapes
+    def probe(self, spec: TensorSpec) -> TensorSpec:
+        """Output spec for an input of `spec`, without touching parameters or buffers."""
+        x = torch.zeros(spec.shape, dtype=spec.dtype, device=self.grad_sum.device)
+        state = {n: t.detach().clone() for n, t in self.module.named_buffers()}
+        state.update({n: p.detach() for n, p in self.module.named_parameters()})
+        with torch.no_grad():
+            out = functional_call(self.module, state, (x,))
+        return TensorSpec(out.dtype, tuple(out.shape))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)

@@ -1,0 +1,154 @@
+"""Plans and schedules as data: format, generators, lowering, offline deadlock check."""
+
+import json
+
+import pytest
+
+from pipesgd.pipeline import schedule as sched
+from pipesgd.pipeline.plan import Plan, PlanError, StagePlan
+from pipesgd.pipeline.schedule import Action, DeadlockError, ScheduleError
+
+
+def straight(stages, layers=8, **kw):
+    return Plan.even(layers, stages, **kw)
+
+
+def test_action_prints_and_parses_back():
+    for text in ["2F0", "0B13", "1RF3", "1SB7", "0AR5", "3U2"]:
+        assert str(Action.parse(text)) == text
+    with pytest.raises(ScheduleError, match="2F0"):
+        Action.parse("F2")
+
+
+def test_plan_json_round_trip(tmp_path):
+    plan = Plan(stages=(StagePlan(0, 3, 2), StagePlan(3, 5, 1)), schedule="1f1b-rr",
+                micro_batch=4, extra={"planner": "madpipe"})
+    plan.save(tmp_path / "plan.json")
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert data["stages"] == [{"layers": [0, 3], "replicas": 2}, {"layers": [3, 5], "replicas": 1}]
+    again = Plan.load(tmp_path / "plan.json")
+    assert again == plan and again.extra == {"planner": "madpipe"}
+    assert again.world_size == 3 and again.noam == 2
+    assert [again.position(r) for r in range(3)] == [(0, 0), (0, 1), (1, 0)]
+
+
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ((StagePlan(0, 3), StagePlan(4, 5)), "must start at layer 3"),
+        ((StagePlan(0, 3), StagePlan(3, 3)), "non-empty"),
+    ],
+)
+def test_bad_plans_say_what_to_do(stages, message):
+    with pytest.raises(PlanError, match=message):
+        Plan(stages=stages)
+
+
+def test_plan_must_cover_the_model_and_the_ranks():
+    plan = straight(2, layers=5)
+    with pytest.raises(PlanError, match=r"Plan\.even"):
+        plan.validate(num_layers=7)
+    with pytest.raises(PlanError, match="mpirun -n 2"):
+        plan.check_world(3)
+    with pytest.raises(PlanError, match="1f1b-rr"):
+        Plan(stages=(StagePlan(0, 2, 2), StagePlan(2, 4)), schedule="1f1b")
+
+
+def run_counts(acts):
+    """(forwards before the first backward, max micro-batches in flight)."""
+    warm = next(i for i, a in enumerate(acts) if a.kind == "B")
+    live, peak = 0, 0
+    for a in acts:
+        live += {"F": 1, "B": -1}.get(a.kind, 0)
+        peak = max(peak, live)
+    return warm, peak
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_1f1b_admits_noam_and_alternates(stages):
+    plan = straight(stages)
+    n = 10
+    compute = sched.generate(plan, n)
+    for rank, acts in compute.items():
+        fb = [a for a in acts if a.kind in "FB"]
+        warm, peak = run_counts(fb)
+        # PipeDream Fig. 4: stage s admits NOAM - s minibatches, then strictly alternates.
+        assert warm == peak == stages - rank
+        steady = fb[warm : warm + 2 * (n - warm)]
+        assert [a.kind for a in steady] == ["B", "F"] * (n - warm)
+        assert [a.mb for a in fb if a.kind == "B"] == list(range(n))
+        assert sum(a.kind == "U" for a in acts) == n
+    sched.simulate(plan, sched.lower(plan, compute))
+
+
+def test_gpipe_flushes_every_step():
+    plan = straight(3, schedule="gpipe", micro_batches_per_step=4)
+    compute = sched.generate(plan, 10)
+    for acts in compute.values():
+        kinds = "".join(a.kind for a in acts)
+        assert kinds == "FFFFBBBBU" * 2 + "FFBBU"
+    sched.build(plan, 10)
+
+
+def test_round_robin_routes_forward_and_backward_to_one_replica():
+    plan = Plan(stages=(StagePlan(0, 3, 2), StagePlan(3, 5, 1), StagePlan(5, 8, 3)),
+                schedule="1f1b-rr")
+    n = 11  # uneven: 6/5 on stage 0, 4/4/3 on stage 2
+    table = sched.build(plan, n)
+    for rank, acts in table.items():
+        stage, rep = plan.position(rank)
+        fwd = [a.mb for a in acts if a.kind == "F"]
+        assert fwd == [i for i in range(n) if i % plan.stages[stage].replicas == rep]
+        rounds = -(-n // plan.stages[stage].replicas)
+        assert [a.mb for a in acts if a.kind == "U"] == list(range(rounds))
+        if plan.stages[stage].replicas > 1:
+            assert [a.mb for a in acts if a.kind == "AR"] == list(range(rounds))
+
+
+def test_lowering_adds_matching_sends_and_receives():
+    plan = straight(3)
+    table = sched.build(plan, 4)
+    assert [str(a) for a in table[1][:3]] == ["1RF0", "1F0", "1SF0"]
+    sends = {(sched.peer(plan, a), sched.message_key(a)) for r in table for a in table[r]
+             if a.kind in ("SF", "SB")}
+    recvs = {(r, sched.message_key(a)) for r in table for a in table[r]
+             if a.kind in ("RF", "RB")}
+    assert sends == recvs and len(sends) == 2 * 2 * 4
+
+
+def test_csv_round_trip():
+    table = sched.build(straight(2), 5)
+    assert sched.from_csv(sched.to_csv(table)) == table
+
+
+def test_deadlock_check_rejects_a_hand_broken_schedule():
+    plan = straight(2)
+    table = sched.build(plan, 4)
+    broken = {r: list(acts) for r, acts in table.items()}
+    # Stage 0 waits for micro-batch 0's gradient before it sends micro-batch 0 forward.
+    acts = broken[0]
+    rb = acts.index(Action(0, "RB", 0))
+    acts.insert(acts.index(Action(0, "SF", 0)), acts.pop(rb))
+    with pytest.raises(DeadlockError) as info:
+        sched.simulate(plan, broken)
+    text = str(info.value)
+    assert "rank 0 waits at 0RB0" in text and "rank 1 waits at 1RF0" in text
+    assert ">0RB0<" in text and ">1RF0<" in text  # the table marks the stuck actions
+
+
+def test_structural_errors_are_named():
+    plan = straight(2)
+    table = sched.build(plan, 3)
+    no_backward = {r: [a for a in acts if not (a.kind == "B" and a.mb == 2)]
+                   for r, acts in table.items()}
+    with pytest.raises(ScheduleError, match="never runs the backward"):
+        sched.simulate(plan, no_backward)
+    lost = {0: table[0], 1: [a for a in table[1] if str(a) != "1RF1"]}
+    with pytest.raises(ScheduleError):
+        sched.simulate(plan, lost)
+
+
+def test_table_marks_the_failing_action():
+    table = sched.build(straight(2), 2)
+    text = sched.format_table(table, {1: 2})
+    assert f">{table[1][2]}<" in text and text.splitlines()[0].split() == ["step", "rank0", "rank1"]

@@ -1,0 +1,90 @@
+"""Weight-version policies and a stage's forward/backward, in one process."""
+
+import pytest
+import torch
+from torch import nn
+
+from pipesgd.pipeline.p2p import TensorSpec
+from pipesgd.pipeline.stage import Stage
+from pipesgd.pipeline.stash import LatestWeights, StashError, VerticalSync, WeightStash
+
+
+def make_stage(policy, module=None, lr=0.5):
+    torch.manual_seed(0)
+    module = module or nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    return Stage(module, 1, False, lambda p: torch.optim.SGD(p, lr=lr), policy,
+                 nn.functional.mse_loss)
+
+
+def test_backward_uses_the_weights_its_forward_used():
+    stage = make_stage(WeightStash)
+    x0, x1, g = torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 2)
+    before = [p.detach().clone() for p in stage.params]
+    stage.forward(0, x0)
+    stage.forward(1, x1)
+    stage.backward(0, g)
+    flat, count = stage.take_gradient()
+    stage.step(flat / count)  # live weights change while micro-batch 1 is in flight
+    grad_x1 = stage.backward(1, g)
+    # Reference: micro-batch 1 through a copy holding the pre-update weights.
+    ref = make_stage(WeightStash)
+    with torch.no_grad():
+        for p, w in zip(ref.params, before, strict=True):
+            p.copy_(w)
+    ref.forward(1, x1)
+    want_x = ref.backward(1, g)
+    assert torch.equal(grad_x1, want_x)
+    assert torch.equal(stage.grad_sum, ref.grad_sum)
+    assert stage.policy.versions == {} and stage.policy.peak_versions == 1
+
+
+def test_versions_dropped_after_their_last_backward():
+    stage = make_stage(WeightStash)
+    g = torch.randn(2, 2)
+    stage.forward(0, torch.randn(2, 4))
+    stage.forward(1, torch.randn(2, 4))  # same version as 0: shared, not copied again
+    assert len(stage.policy.versions) == 1
+    stage.backward(0, g)
+    stage.step(stage.take_gradient()[0])
+    stage.forward(2, torch.randn(2, 4))
+    assert sorted(stage.policy.versions) == [0, 1]
+    stage.backward(1, g)
+    assert sorted(stage.policy.versions) == [1]
+    stage.backward(2, g)
+    assert stage.policy.versions == {} and stage.policy.peak_versions == 2
+
+
+def test_latest_weights_refuse_a_step_between_forward_and_backward():
+    stage = make_stage(LatestWeights)
+    stage.forward(0, torch.randn(2, 4))
+    with pytest.raises(StashError, match="weight_policy='stash'"):
+        stage.step(torch.zeros_like(stage.grad_sum))
+
+
+def test_vertical_sync_serves_an_older_version():
+    stage = make_stage(VerticalSync)
+    v0 = [p.detach().clone() for p in stage.params]
+    for _ in range(2):
+        stage.step(torch.ones_like(stage.grad_sum))
+    used, weights = stage.policy.forward_weights(7, version=0)
+    assert used == 0 and all(torch.equal(a, b) for a, b in zip(weights, v0, strict=True))
+    stage.policy.release(7)
+    used, _ = stage.policy.forward_weights(8, version=2)
+    assert used == 2 and sorted(stage.policy.versions) == [2]
+    with pytest.raises(StashError, match="in order"):
+        stage.policy.forward_weights(9, version=0)
+
+
+def test_batchnorm_running_stats_are_not_stashed():
+    bn = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    stage = make_stage(WeightStash, bn)
+    x = torch.randn(8, 4) * 3 + 1
+    stage.forward(0, x)
+    after_one = bn[1].running_mean.clone()
+    assert not torch.equal(after_one, torch.zeros(3))
+    stage.forward(1, x)  # the same live buffers keep updating
+    assert not torch.equal(bn[1].running_mean, after_one)
+    before = bn[1].running_mean.clone()
+    spec = stage.probe(TensorSpec(torch.float32, (8, 4)))  # probing leaves them alone
+    assert spec.shape == (8, 3)
+    assert torch.equal(bn[1].running_mean, before)
