@@ -1,0 +1,255 @@
+"""Predicted vs measured iteration time of every configuration (issue: timing model).
+
+For each scenario (link rate under bench/netem.py, p, model) one mpirun job
+(`--worker`) measures the network (`measure_network`), profiles the model on rank 0 alone
+(one thread, the others asleep), then trains every configuration (K in {1, 2} x
+none/trunc16/quant8 x sequential/backward overlap) for a few steps with the engine and
+reports the median iteration time. The parent predicts each configuration from the
+measured network and profile only, prints predicted beside measured, and checks the
+targets: median |pred - meas| / meas <= 10 %, worst <= 25 %, and in every scenario the
+configuration `choose` ranks first is measured fastest or within 5 % of the fastest.
+
+The worker's loop is the data-parallel step of Pipe-SGD on the engine: forward, backward
+(buckets launched from gradient hooks when overlapping), allreduce_async of a flat
+float32 buffer, and the update with the sum of K - 1 iterations ago (K = 1: this one).
+
+    python bench/timing_suite.py                      # under the emulator (root)
+    python bench/timing_suite.py --no-netem           # shared memory, no emulator
+    python bench/timing_suite.py --rates 1gbit --ps 2 --models mlp   # a subset
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+STEPS = {"mlp": (10, 40), "cnn": (2, 6)}  # (warm-up, timed) steps per configuration
+BATCH = {"mlp": 64, "cnn": 32}
+
+
+# ------------------------------------------------------------------------------------
+# Worker (one rank of the mpirun job)
+
+
+def worker(model_name: str, batch_size: int, out: str) -> None:
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    import pipesgd
+    from pipesgd.pipeline.models import MODELS
+    from pipesgd.timing import all_configs, measure_network, profile_named
+    from pipesgd.timing.network import _idle_barrier
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    net = measure_network(comm, repeats=10)
+    prof = None
+    if rank == 0:
+        prof = profile_named(model_name, batch_size, threads=1)
+    _idle_barrier(comm)
+
+    engine = pipesgd.Engine(comm)
+    spec = MODELS[model_name]()
+    model = spec.build(seed=0)
+    params = [p for p in model.parameters()]
+    sizes = [p.numel() for p in params]
+    total = sum(sizes)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(batch_size, *spec.input_shape, generator=gen)
+    y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
+    opt = torch.optim.SGD(params, lr=1e-3)
+    bucket_bytes = 25 << 20
+    warmup, timed = STEPS[model_name]
+    results = []
+    for cfg in all_configs():
+        bufs = [np.zeros(total, dtype=np.float32) for _ in range(cfg.staleness)]
+        flats = [torch.from_numpy(b) for b in bufs]
+        offsets = np.cumsum([0, *sizes])
+        # buckets in the order backward produces gradients (reverse of parameters)
+        order = list(reversed(range(len(params))))
+        buckets, cur, size = [], [], 0
+        for i in order:
+            if cur and (size + sizes[i]) * 4 > bucket_bytes:
+                buckets.append(cur)
+                cur, size = [], 0
+            cur.append(i)
+            size += sizes[i]
+        buckets.append(cur)
+        state = {"slot": 0, "handles": [], "pending": {}}
+
+        def launch(bucket, slot, flats=flats, bufs=bufs, offsets=offsets, cfg=cfg):
+            flat = flats[slot]
+            for i in bucket:
+                flat[offsets[i]:offsets[i + 1]].copy_(params[i].grad.reshape(-1))
+            lo = min(offsets[i] for i in bucket)
+            hi = max(offsets[i + 1] for i in bucket)
+            return engine.allreduce_async(bufs[slot][lo:hi], compression=cfg.compression)
+
+        hooks = []
+        if cfg.overlap == "backward":
+            owner = {i: b for b, bucket in enumerate(buckets) for i in bucket}
+            for i, p in enumerate(params):
+                def hook(_p, i=i, owner=owner, buckets=buckets, state=state, launch=launch):
+                    b = owner[i]
+                    left = state["pending"]
+                    left[b] -= 1
+                    if left[b] == 0:
+                        state["handles"].append(launch(buckets[b], state["slot"]))
+                hooks.append(p.register_post_accumulate_grad_hook(hook))
+        inflight: list[tuple[int, list]] = []  # (slot, handles) oldest first
+        times = []
+        for step in range(warmup + timed):
+            t0 = time.perf_counter()
+            # update with the gradient of K - 1 iterations ago (K = 1: the last one)
+            if len(inflight) >= cfg.staleness or (cfg.staleness == 1 and inflight):
+                slot, handles = inflight.pop(0)
+                for h in handles:
+                    h.wait()
+                flat = flats[slot]
+                for i, p in enumerate(params):
+                    p.grad = flat[offsets[i]:offsets[i + 1]].view_as(p).clone()
+                opt.step()
+            slot = step % cfg.staleness
+            state["slot"], state["handles"] = slot, []
+            state["pending"] = {b: len(bk) for b, bk in enumerate(buckets)}
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            if cfg.overlap == "sequential":
+                state["handles"] = [launch(list(range(len(params))), slot)]
+            inflight.append((slot, state["handles"]))
+            if cfg.staleness == 1:  # D-Sync: the update of this iteration waits now
+                s, handles = inflight.pop(0)
+                for h in handles:
+                    h.wait()
+                flat = flats[s]
+                for i, p in enumerate(params):
+                    p.grad = flat[offsets[i]:offsets[i + 1]].view_as(p).clone()
+                opt.step()
+            comm_times = time.perf_counter() - t0
+            if step >= warmup:
+                times.append(comm_times)
+        for _, handles in inflight:
+            for h in handles:
+                h.wait()
+        for h in hooks:
+            h.remove()
+        # the slowest rank sets the pace
+        med = comm.allreduce(statistics.median(times), op=MPI.MAX)
+        results.append({"staleness": cfg.staleness, "compression": cfg.compression,
+                        "overlap": cfg.overlap, "measured_s": med})
+    engine.shutdown()
+    if rank == 0:
+        Path(out).write_text(json.dumps({
+            "network": net.to_dict(), "profile": prof.to_dict(), "runs": results}, indent=2))
+
+
+# ------------------------------------------------------------------------------------
+# Parent
+
+
+def run_scenario(rate: str | None, p: int, model: str, out: Path, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model,
+           str(BATCH[model]), str(out)]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    if rate is None:
+        mpirun = Path(sys.executable).parent / "mpirun"
+        subprocess.run([str(mpirun), "--oversubscribe", "-n", str(p), *cmd], check=True,
+                       env=env, cwd=ROOT, timeout=timeout)
+    else:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from netem import mpirun_over_netem
+
+        run = mpirun_over_netem(cmd, np=p, rate=rate, env=env, cwd=ROOT, timeout=timeout)
+        if run.returncode != 0:
+            raise RuntimeError(f"scenario {rate} p={p} {model} failed: {run.returncode}")
+    return json.loads(out.read_text())
+
+
+def evaluate(data: dict, p: int) -> dict:
+    from pipesgd.timing import NetworkParams, Profile, choose
+
+    net = NetworkParams.from_dict(data["network"])
+    prof = Profile.from_dict(data["profile"])
+    ranked = choose(prof, net, p)
+    measured = {(r["staleness"], r["compression"], r["overlap"]): r["measured_s"]
+                for r in data["runs"]}
+    rows = []
+    for pr in ranked:
+        c = pr.config
+        meas = measured[(c.staleness, c.compression, c.overlap)]
+        rows.append({**pr.to_dict(), "measured_s": meas,
+                     "rel_error": (pr.predicted_s - meas) / meas})
+    fastest = min(measured.values())
+    pick = rows[0]
+    return {"rows": rows, "pick": pick["label"], "pick_measured_s": pick["measured_s"],
+            "fastest_measured_s": fastest,
+            "pick_within_5pct": pick["measured_s"] <= 1.05 * fastest,
+            "ranked": ranked, "measured": measured}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        worker(argv[1], int(argv[2]), argv[3])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rates", default="1gbit,200mbit")
+    ap.add_argument("--ps", default="2,4")
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--no-netem", action="store_true", help="shared memory, no emulator")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", default=str(RESULTS / "timing_suite.json"))
+    args = ap.parse_args(argv)
+
+    from pipesgd.timing.report import format_ranking, plot_breakdown
+
+    rates = [None] if args.no_netem else args.rates.split(",")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    scenarios, errors = [], []
+    for rate in rates:
+        for p in (int(v) for v in args.ps.split(",")):
+            for model in args.models.split(","):
+                name = f"{rate or 'shm'}-p{p}-{model}"
+                raw = RESULTS / f"timing_suite_{name}.raw.json"
+                t0 = time.time()
+                data = run_scenario(rate, p, model, raw, args.timeout)
+                ev = evaluate(data, p)
+                print(f"\n== {name}  ({time.time() - t0:.0f} s)")
+                print(format_ranking(ev["ranked"], ev["measured"]))
+                print(f"choose's pick {ev['pick']}: measured {ev['pick_measured_s'] * 1e3:.2f}"
+                      f" ms, fastest measured {ev['fastest_measured_s'] * 1e3:.2f} ms -> "
+                      f"{'OK' if ev['pick_within_5pct'] else 'MISS'}")
+                png = RESULTS / f"timing_suite_{name}.png"
+                plot_breakdown(ev["ranked"], png, name, ev["measured"])
+                errors += [abs(r["rel_error"]) for r in ev["rows"]]
+                scenarios.append({"name": name, "rate": rate, "p": p, "model": model,
+                                  "network": data["network"], "profile": data["profile"],
+                                  "rows": ev["rows"], "pick": ev["pick"],
+                                  "pick_within_5pct": ev["pick_within_5pct"]})
+    median_err, worst_err = statistics.median(errors), max(errors)
+    picks = all(s["pick_within_5pct"] for s in scenarios)
+    summary = {"median_abs_rel_error": median_err, "worst_abs_rel_error": worst_err,
+               "picks_ok": picks, "targets": {"median": median_err <= 0.10,
+                                              "worst": worst_err <= 0.25, "pick": picks},
+               "netem": not args.no_netem, "scenarios": scenarios}
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"\nmedian |err| {median_err:.1%} (target 10%), worst {worst_err:.1%} (target 25%), "
+          f"choose's pick within 5% of fastest in every scenario: {picks}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

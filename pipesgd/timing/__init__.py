@@ -1,0 +1,47 @@
+"""Timing model of data-parallel training (Pipe-SGD eqs. 2-7): measure, predict, choose.
+
+    network.py   NetworkParams, measure_network(comm)      α, β, γ, S, kernels, host
+    profile.py   Profile, profile(model, batch, optimizer)  l_for, l_back, l_up, n
+    model.py     predict(...), choose(...), the equations   iteration time per config
+    cluster.py   describe_cluster("10Gbit", "20us"), CLUSTERS   clusters given by hand
+    report.py    tables, the projection over p, PNG of the breakdown
+    cli.py       `pipesgd timing measure | predict | project`
+"""
+
+from pipesgd.timing.cluster import (
+    CLUSTERS,
+    describe_cluster,
+    named_cluster,
+    parse_bandwidth,
+    parse_duration,
+)
+from pipesgd.timing.model import (
+    Config,
+    Prediction,
+    all_configs,
+    choose,
+    predict,
+    ring_allreduce_cost,
+)
+from pipesgd.timing.network import KernelCosts, NetworkParams, measure_network
+from pipesgd.timing.profile import Profile, profile, profile_named
+
+__all__ = [
+    "CLUSTERS",
+    "Config",
+    "KernelCosts",
+    "NetworkParams",
+    "Prediction",
+    "Profile",
+    "all_configs",
+    "choose",
+    "describe_cluster",
+    "measure_network",
+    "named_cluster",
+    "parse_bandwidth",
+    "parse_duration",
+    "predict",
+    "profile",
+    "profile_named",
+    "ring_allreduce_cost",
+]

@@ -1,0 +1,204 @@
+"""`pipesgd timing measure | predict | project`: the timing model on the command line.
+
+    mpirun -n 2 pipesgd timing measure --json net.json
+    pipesgd timing predict --model mlp --batch-size 64 -p 2 --network net.json --json pred.json
+    pipesgd timing predict --model cnn --batch-size 32 -p 8 --bandwidth 10Gbit --latency 20us
+    pipesgd timing project --model cnn --batch-size 32 --speedup 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+GPU_SPEEDUP = 100.0  # a GPU against the one CPU core a profile here is taken on
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="timing_command", metavar="ACTION", required=True)
+
+    m = sub.add_parser("measure", help="measure α, β, γ, S and kernel costs (under mpirun)")
+    m.add_argument("--json", help="write the figures here (rank 0)")
+    m.add_argument("--repeats", type=int, default=20)
+
+    for name, text in (("predict", "predict and rank every configuration"),
+                       ("project", "iteration time and scaling efficiency for p = 2..256")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+        s.add_argument("--batch-size", type=int, default=64, help="samples per rank")
+        s.add_argument("--profile", help="a profile JSON instead of profiling the model here")
+        s.add_argument("--threads", type=int, default=1,
+                       help="torch threads per rank while profiling (default 1)")
+        s.add_argument("--speedup", type=float, default=None,
+                       help="divide compute times by this (a faster device)")
+        s.add_argument("--network", help="network JSON from `pipesgd timing measure`")
+        s.add_argument("--bandwidth", help="link rate by hand, e.g. 10Gbit")
+        s.add_argument("--latency", default="20us", help="one-way latency by hand, e.g. 20us")
+        s.add_argument("--cores", type=int, help="cores per host (default: this machine's)")
+        s.add_argument("--ranks-per-host", type=int,
+                       help="ranks per host (default: 1 by hand, measured with --network)")
+        s.add_argument("--json", help="write the predictions here")
+    pr = sub.choices["predict"]
+    pr.add_argument("-p", "--ranks", type=int, required=True, dest="p", help="number of ranks")
+    pr.add_argument("--segments", type=int, help="L allreduces per iteration (default: buckets)")
+    pr.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size (MiB)")
+    pr.add_argument("--png", help="stacked-bar breakdown (default: next to --json)")
+    pr.add_argument("--measured", help="measured iteration times (trainer JSONs) to compare")
+    pj = sub.choices["project"]
+    pj.add_argument("--clusters", default="10GbE,100Gbit", help="named clusters, comma-separated")
+    pj.add_argument("--markdown", action="store_true", help="print a Markdown table")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return {"measure": _measure, "predict": _predict, "project": _project}[
+            args.timing_command](args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"pipesgd timing {args.timing_command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    from pipesgd.timing.network import measure_network
+
+    net = measure_network(MPI.COMM_WORLD, repeats=args.repeats)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(format_network(net))
+        if args.json:
+            net.save(args.json)
+            print(f"wrote {args.json}")
+    return 0
+
+
+def format_network(net: Any) -> str:
+    lines = [
+        f"network: {net.source}",
+        f"  alpha  {net.alpha_s * 1e6:10.2f} us        latency (half a small ping-pong)",
+        f"  beta   {net.beta_s_per_byte * 1e9:10.4f} ns/B      "
+        f"= {1 / net.beta_s_per_byte / 1e9:.2f} GB/s per ring step",
+        f"  beta_cpu {net.beta_cpu_s_per_byte * 1e9:8.4f} ns/B      CPU burnt per byte moved",
+        f"  gamma  {net.gamma_s_per_byte * 1e9:10.4f} ns/B      float32 sum, one core",
+        f"  copy   {net.copy_s_per_byte * 1e9:10.4f} ns/B      memcpy, one core",
+        f"  S      {net.sync_s * 1e6:10.2f} us        barrier",
+    ]
+    for mode, k in net.kernels.items():
+        lines.append(f"  {mode:<7} ns/B: encode {k.encode * 1e9:.4f}  decode_add_encode "
+                     f"{k.decode_add_encode * 1e9:.4f}  decode {k.decode * 1e9:.4f}  "
+                     f"decode_add {k.decode_add * 1e9:.4f}")
+    rph = "all ranks" if net.ranks_per_host is None else net.ranks_per_host
+    lines.append(f"  host: {net.cores} cores, {rph} per host; spread (IQR/median): "
+                 + ", ".join(f"{k} {v:.0%}" for k, v in net.spread.items()))
+    return "\n".join(lines)
+
+
+def load_profile(args: argparse.Namespace) -> Any:
+    from pipesgd.timing.profile import Profile, profile_named
+
+    if args.profile:
+        prof = Profile.load(args.profile)
+    else:
+        prof = profile_named(args.model, args.batch_size, threads=args.threads)
+    if args.speedup:
+        prof = prof.scaled(args.speedup)
+    return prof
+
+
+def load_network(args: argparse.Namespace) -> Any:
+    from pipesgd.timing.cluster import describe_cluster
+    from pipesgd.timing.network import NetworkParams
+
+    if args.network and args.bandwidth:
+        raise ValueError("give either --network FILE or --bandwidth/--latency, not both")
+    if args.network:
+        net = NetworkParams.load(args.network)
+        if args.cores:
+            net.cores = args.cores
+        if args.ranks_per_host:
+            net.ranks_per_host = args.ranks_per_host
+        return net
+    if not args.bandwidth:
+        raise ValueError("say what network to predict for: --network net.json (from "
+                         "`mpirun -n P pipesgd timing measure --json net.json`) or "
+                         "--bandwidth 10Gbit --latency 20us")
+    return describe_cluster(args.bandwidth, args.latency, cores=args.cores,
+                            ranks_per_host=args.ranks_per_host or 1)
+
+
+def load_measured(path: str) -> dict[tuple[int, str, str], float]:
+    """Iteration times from trainer JSONs: a file holding one object, a list of them, or
+    {"configs": [...]} / {"runs": [...]}; each with staleness, compression, overlap and
+    iteration_time_s (or measured_s)."""
+    from pipesgd.timing.report import measured_key
+
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        data = data.get("runs") or data.get("configs") or [data]
+    out = {}
+    for entry in data:
+        cfg = entry.get("config", entry)
+        value = entry.get("measured_s", entry.get("iteration_time_s"))
+        if value:
+            out[measured_key({**entry, **cfg})] = float(value)
+    return out
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from pipesgd.timing.model import choose
+    from pipesgd.timing.report import format_ranking, plot_breakdown
+
+    net = load_network(args)
+    prof = load_profile(args)
+    ranked = choose(prof, net, args.p, segments=args.segments,
+                    bucket_bytes=int(args.bucket_mb * (1 << 20)))
+    measured = load_measured(args.measured) if args.measured else {}
+    print(f"model {prof.model}, batch {prof.batch_size}/rank: l_for {prof.forward_s * 1e3:.2f} "
+          f"ms, l_back {prof.backward_s * 1e3:.2f} ms, l_up {prof.update_s * 1e3:.2f} ms, "
+          f"n {prof.gradient_bytes / 1e6:.2f} MB; p = {args.p}; network: {net.source}")
+    print(format_ranking(ranked, measured))
+    png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json else None)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "p": args.p,
+            "profile": prof.to_dict(),
+            "network": net.to_dict(),
+            "choice": ranked[0].to_dict(),
+            "configs": [pr.to_dict() for pr in ranked],
+        }, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if png:
+        plot_breakdown(ranked, png, f"{prof.model}, p = {args.p}", measured)
+        print(f"wrote {png}")
+    return 0
+
+
+def _project(args: argparse.Namespace) -> int:
+    from pipesgd.timing.cluster import describe_cluster, named_cluster
+    from pipesgd.timing.network import NetworkParams
+    from pipesgd.timing.report import format_projection, projection
+
+    if args.speedup is None:
+        args.speedup = GPU_SPEEDUP
+    prof = load_profile(args)
+    cpu_from = NetworkParams.load(args.network) if args.network else None
+    clusters = {}
+    if args.bandwidth:
+        clusters[f"{args.bandwidth}/{args.latency}"] = describe_cluster(
+            args.bandwidth, args.latency, cores=args.cores,
+            ranks_per_host=args.ranks_per_host or 1, cpu_from=cpu_from)
+    else:
+        for name in args.clusters.split(","):
+            clusters[name] = named_cluster(name.strip(), cpu_from)
+    rows = projection(prof, clusters)
+    print(f"model {prof.model}, batch {prof.batch_size}/rank, compute scaled by 1/"
+          f"{args.speedup:g}: l_for+l_back {prof.compute_s * 1e3:.3f} ms, l_up "
+          f"{prof.update_s * 1e3:.3f} ms, n {prof.gradient_bytes / 1e6:.2f} MB")
+    print(format_projection(rows, markdown=args.markdown))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"profile": prof.to_dict(), "rows": rows},
+                                              indent=2) + "\n")
+    return 0

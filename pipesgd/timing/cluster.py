@@ -1,0 +1,151 @@
+"""Hand-given clusters: parse `10Gbit` / `20us`, and the named clusters of the projection.
+
+A cluster is a `NetworkParams` whose α and β come from the user (latency, link rate)
+instead of a measurement. The per-byte CPU costs (γ and the compression kernels) are
+properties of the host CPU, not of the link; they default to `HOST_CPU_DEFAULTS`, the
+values `pipesgd timing measure` found on the 2-core development machine
+(`bench/results/timing_suite.json`), or are taken from a measured network file.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipesgd.timing.network import KernelCosts, NetworkParams
+
+_BIT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_BYTE_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """Link rate as bytes per second: `10Gbit`, `100gbit/s`, `200mbit`, `1.25GB/s`, or a
+    plain number of bits per second.
+
+    Raises:
+        ValueError: not a rate, or not positive; the message shows accepted forms.
+    """
+    if isinstance(text, int | float):
+        bits = float(text)
+    else:
+        match = re.fullmatch(
+            r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(bit|b|byte|B)?(?:/s|ps)?\s*",
+            text,
+            re.IGNORECASE,
+        )
+        if not match:
+            raise ValueError(
+                f"bad bandwidth {text!r}: use a rate with a unit, e.g. --bandwidth 10Gbit, "
+                "--bandwidth 100gbit/s, --bandwidth 1.25GB/s"
+            )
+        value = float(match.group(1))
+        prefix = match.group(2).lower()
+        unit = match.group(3) or "bit"
+        is_bytes = unit in ("B", "byte") or unit.lower() == "byte"
+        bits = value * (_BYTE_UNITS if is_bytes else _BIT_UNITS)[prefix] * (8 if is_bytes else 1)
+    if not bits > 0:
+        raise ValueError(f"bandwidth must be positive, got {text!r}; e.g. --bandwidth 10Gbit")
+    return bits / 8
+
+
+def parse_duration(text: str | float) -> float:
+    """Duration in seconds: `20us`, `1.5ms`, `0`, `2e-5s`, or a plain number of seconds.
+
+    Raises:
+        ValueError: not a duration, or negative.
+    """
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        match = re.fullmatch(
+            r"\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(s|ms|us|µs|ns)?\s*", text, re.IGNORECASE
+        )
+        if not match:
+            raise ValueError(
+                f"bad duration {text!r}: use a number with a unit, e.g. --latency 20us, "
+                "--latency 1ms, --latency 0"
+            )
+        seconds = float(match.group(1)) * _TIME_UNITS[(match.group(2) or "s").lower()]
+    if seconds < 0:
+        raise ValueError(f"duration must be >= 0, got {text!r}")
+    return seconds
+
+
+# Per-byte CPU costs of the development machine (one core of the 2-core VM), seconds per
+# byte of float32 input; refreshed by `pipesgd timing measure` and recorded in
+# bench/results/timing_suite.json.
+HOST_CPU_DEFAULTS = {
+    "gamma_s_per_byte": 1.9e-10,
+    "copy_s_per_byte": 6.8e-11,
+    "kernels": {
+        "trunc16": KernelCosts(6.1e-11, 8.4e-11, 1.24e-10, 1.06e-10),
+        "quant8": KernelCosts(8.9e-11, 1.48e-10, 1.10e-10, 9.4e-11),
+    },
+}
+
+
+def describe_cluster(
+    bandwidth: str | float,
+    latency: str | float,
+    *,
+    cores: int | None = None,
+    ranks_per_host: int | None = 1,
+    sync: str | float | None = None,
+    cpu_from: NetworkParams | None = None,
+    name: str = "",
+) -> NetworkParams:
+    """A cluster given by hand: link rate, one-way latency α, and the host.
+
+    Args:
+        bandwidth: link rate (`"10Gbit"`, or bits/s).
+        latency: α, the one-way latency of one message (`"20us"`, or seconds).
+        cores: CPU cores per host available to ranks and their comm threads (None: this
+            machine's `os.cpu_count()`).
+        ranks_per_host: ranks sharing one host's cores (1: one GPU worker per host; None:
+            all p ranks on one host, as under `mpirun` on one machine).
+        sync: S, the global synchronisation time (None: 2 α, one small round trip).
+        cpu_from: take γ, the copy cost and the kernel costs from this measured network
+            instead of `HOST_CPU_DEFAULTS`.
+        name: label shown in tables.
+
+    Example:
+        >>> net = describe_cluster("10Gbit", "20us")
+        >>> round(1 / net.beta_s_per_byte / 1e9, 2)   # GB/s
+        1.25
+    """
+    beta = 1.0 / parse_bandwidth(bandwidth)
+    alpha = parse_duration(latency)
+    if cpu_from is not None:
+        gamma, copy, kernels = cpu_from.gamma_s_per_byte, cpu_from.copy_s_per_byte, cpu_from.kernels
+    else:
+        gamma = float(HOST_CPU_DEFAULTS["gamma_s_per_byte"])  # type: ignore[arg-type]
+        copy = float(HOST_CPU_DEFAULTS["copy_s_per_byte"])  # type: ignore[arg-type]
+        kernels = dict(HOST_CPU_DEFAULTS["kernels"])  # type: ignore[arg-type]
+    return NetworkParams(
+        alpha_s=alpha,
+        beta_s_per_byte=beta,
+        gamma_s_per_byte=gamma,
+        sync_s=2 * alpha if sync is None else parse_duration(sync),
+        kernels=kernels,
+        copy_s_per_byte=copy,
+        # A NIC moves the bytes by DMA: the host CPU pays little per byte on the wire.
+        beta_cpu_s_per_byte=0.0,
+        cores=cores,
+        ranks_per_host=ranks_per_host,
+        source=name or f"given: {bandwidth} link, {latency} latency",
+    )
+
+
+# Clusters of the projection table (README): one worker per host, a GPU computing.
+CLUSTERS = {
+    "10GbE": dict(bandwidth="10Gbit", latency="20us", cores=16, ranks_per_host=1),
+    "100Gbit": dict(bandwidth="100Gbit", latency="5us", cores=16, ranks_per_host=1),
+}
+
+
+def named_cluster(name: str, cpu_from: NetworkParams | None = None) -> NetworkParams:
+    """One of `CLUSTERS` by name (case-insensitive)."""
+    for key, spec in CLUSTERS.items():
+        if key.lower() == name.lower():
+            return describe_cluster(**spec, cpu_from=cpu_from, name=key)  # type: ignore[arg-type]
+    raise ValueError(f"unknown cluster {name!r}; known: {', '.join(CLUSTERS)}")

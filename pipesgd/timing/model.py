@@ -1,0 +1,496 @@
+"""Predicted iteration time of every configuration: Pipe-SGD eqs. 2-7, extended.
+
+Notation (per iteration; the paper's totals are T times these): l_up, l_for, l_back from
+a `Profile`; α, β, γ, S from `NetworkParams`; n gradient bytes; p ranks; L allreduce
+calls (buckets) per iteration.
+
+Paper, as implemented here (`eq2_sync` ... `eq7_scaling_efficiency` are the literal forms):
+
+    eq. 2  D-Sync:            l_up + l_comp + l_comm
+    eq. 4  Pipe-SGD:          max(l_up + l_comp, l_comm)                 (K >= 2)
+    eq. 5  ring, sequential:  l_comm = 2(p-1)α + 2(p-1)/p n β + (p-1)/p n γ + S
+    eq. 6  ring, L segments:  l_comm = 2(p-1)L α + 2(p-1)/p n β + (p-1)/p n γ + L S
+    eq. 7  scaling eff.:      SE = (l_up + l_comp) / max(l_up + l_comp, l_comm)
+
+Extensions (`ring_allreduce_cost`, `predict`):
+
+* Compression: the wire carries `wire_bytes` (n/2 for trunc16; n/4 + 4 B per ring segment
+  for quant8), so the β term is 2(p-1) w β with w the wire bytes of one chunk of n/p. The
+  γ term becomes the kernels each rank runs on its n/p-byte chunks: 2 encodes (first hop,
+  owner), p-2 decode_add_encode (middle hops), 1 decode_add (owner), p decodes (every
+  final chunk) -- `compression_seconds`. All of it runs on the comm thread, so it sits on
+  the critical path of D-Sync (K = 1) and on the comm side of eq. 4 for Pipe-SGD, hidden
+  as long as the comm side is shorter than the compute side.
+* Shared cores: R ranks per host (R = p when all ranks share this machine), each with t
+  compute threads and one comm thread, on C cores. Computing together, ranks get
+  C / (R t) of the cores they were profiled with: compute stretches by
+  s_comp = max(1, R t / C). The kernels of R comm threads stretch by s_comm = max(1, R/C)
+  when only they run (D-Sync). Pipe-SGD overlaps the two, so its iteration is also bounded
+  by the CPU work of the host: R (t l_comp + W_comm) / C, with W_comm = kernels + the CPU
+  the transfer burns (2(p-1) w β_cpu). With free cores (a GPU cluster, C >= R (t + 1))
+  all of this vanishes and the paper's equations remain.
+* Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
+  from the profile); the comm thread runs buckets one after another. D-Sync + overlap
+  waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
+  overlap is eq. 6; its compute side is the whole l_up + l_for + l_back (the compute
+  thread still runs the whole backward pass; eq. 6 writes only the first segment l_b).
+* Packing gradients into the flat buffer and back (2 n memcpy) is part of the update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipesgd.timing.network import NetworkParams
+from pipesgd.timing.profile import Profile
+
+MODES = ("none", "trunc16", "quant8")
+OVERLAPS = ("sequential", "backward")
+DEFAULT_SEGMENT_BYTES = 256 << 10
+DEFAULT_BUCKET_BYTES = 25 << 20
+TIE_TOLERANCE = 1e-9
+BREAKDOWN_KEYS = ("update", "forward", "backward", "communication", "compression", "contention")
+
+
+# ------------------------------------------------------------------------------------
+# Checks
+
+
+def _check_nonnegative(**values: float) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, int | float) and value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_p(p: int) -> None:
+    if not isinstance(p, int) or isinstance(p, bool) or p < 1:
+        raise ValueError(f"p (number of ranks) must be an integer >= 1, got {p!r}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------
+# The paper's equations, literally (per iteration)
+
+
+def eq2_sync(l_up: float, l_comp: float, l_comm: float) -> float:
+    """Eq. 2 per iteration: D-Sync pays every stage in turn."""
+    _check_nonnegative(l_up=l_up, l_comp=l_comp, l_comm=l_comm)
+    return l_up + l_comp + l_comm
+
+
+def eq4_pipelined(l_up: float, l_comp: float, l_comm: float) -> float:
+    """Eq. 4 per iteration: Pipe-SGD (K >= 2) is bound by the slower resource."""
+    _check_nonnegative(l_up=l_up, l_comp=l_comp, l_comm=l_comm)
+    return max(l_up + l_comp, l_comm)
+
+
+def eq5_ring_comm(p: int, n: float, alpha: float, beta: float, gamma: float, sync: float) -> float:
+    """The communication term of eq. 5: one ring-AllReduce of n bytes."""
+    return eq6_ring_comm(p, n, alpha, beta, gamma, sync, segments=1)
+
+
+def eq6_ring_comm(
+    p: int, n: float, alpha: float, beta: float, gamma: float, sync: float, segments: int
+) -> float:
+    """The communication term of eq. 6: n bytes in L = `segments` ring-AllReduces."""
+    _check_p(p)
+    _check_nonnegative(n=n, alpha=alpha, gamma=gamma, sync=sync)
+    _check_positive("beta", beta)
+    if not isinstance(segments, int) or segments < 1:
+        raise ValueError(f"segments (L) must be an integer >= 1, got {segments!r}")
+    if p == 1:
+        return 0.0
+    L = segments
+    return 2 * (p - 1) * L * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma + L * sync
+
+
+def eq5_pipe_sequential(l_up: float, l_for: float, l_back: float, l_comm: float) -> float:
+    """Eq. 5 per iteration: max(l_up + l_for + l_back, l_comm)."""
+    return eq4_pipelined(l_up, l_for + l_back, l_comm)
+
+
+def eq6_pipe_segmented(l_up: float, l_for: float, l_b: float, l_comm: float) -> float:
+    """Eq. 6 per iteration as written: max(l_up + l_for + l_b, l_comm), l_b the backward
+    time of the first segment."""
+    return eq4_pipelined(l_up, l_for + l_b, l_comm)
+
+
+def eq7_scaling_efficiency(l_up: float, l_comp: float, l_comm: float) -> float:
+    """Eq. 7: (l_up + l_comp) / max(l_up + l_comp, l_comm)."""
+    _check_nonnegative(l_up=l_up, l_comp=l_comp, l_comm=l_comm)
+    compute = l_up + l_comp
+    bound = max(compute, l_comm)
+    return 1.0 if bound == 0 else compute / bound
+
+
+# ------------------------------------------------------------------------------------
+# Ring-AllReduce with compression
+
+
+def wire_bytes(elements: int, mode: str, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> float:
+    """Bytes on the wire for `elements` float32 sent as ring segments of `segment_bytes`.
+
+    quant8 carries a float32 scale per segment (segments are cut on the float32 bytes).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown compression {mode!r}; valid: {MODES}")
+    if mode == "none":
+        return 4.0 * elements
+    if mode == "trunc16":
+        return 2.0 * elements
+    segments = max(1, math.ceil(4 * elements / segment_bytes)) if elements else 0
+    return float(elements + 4 * segments)
+
+
+@dataclass(frozen=True)
+class RingCost:
+    """One ring-AllReduce on one rank, split by what it spends the time on (seconds).
+
+    latency: 2(p-1) α; transfer: 2(p-1) w β; kernels: γ or compression kernels on one
+    core; sync: S; cpu: CPU seconds the comm thread burns (kernels + 2(p-1) w β_cpu).
+    """
+
+    latency: float = 0.0
+    transfer: float = 0.0
+    kernels: float = 0.0
+    sync: float = 0.0
+    cpu: float = 0.0
+
+    def wall(self, kernel_stretch: float = 1.0) -> float:
+        return self.latency + self.transfer + self.kernels * kernel_stretch + self.sync
+
+    def __add__(self, other: RingCost) -> RingCost:
+        return RingCost(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                               dataclasses.astuple(other), strict=True)))
+
+
+def compression_seconds(n: float, p: int, net: NetworkParams, mode: str) -> float:
+    """Kernel seconds one rank spends in a ring-AllReduce of n float32 bytes (one core)."""
+    _check_p(p)
+    if p == 1:
+        return 0.0
+    chunk = n / p
+    if mode == "none":
+        return (p - 1) * chunk * net.gamma_s_per_byte  # eq. 5's (p-1)/p n γ
+    k = net.kernel(mode)
+    return chunk * (2 * k.encode + (p - 2) * k.decode_add_encode + k.decode_add + p * k.decode)
+
+
+def ring_allreduce_cost(
+    n: float, p: int, net: NetworkParams, mode: str = "none",
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> RingCost:
+    """Cost of one ring-AllReduce of n bytes of float32 (eq. 5's l_comm, extended)."""
+    _check_p(p)
+    _check_nonnegative(n=n)
+    if mode not in MODES:
+        raise ValueError(f"unknown compression {mode!r}; valid: {MODES}")
+    if p == 1 or n == 0:
+        return RingCost()
+    w = wire_bytes(math.ceil(n / 4 / p), mode, segment_bytes) if mode != "none" else n / p
+    kernels = compression_seconds(n, p, net, mode)
+    steps = 2 * (p - 1)
+    return RingCost(
+        latency=steps * net.alpha_s,
+        transfer=steps * w * net.beta_s_per_byte,
+        kernels=kernels,
+        sync=net.sync_s,
+        cpu=kernels + steps * w * net.beta_cpu_s_per_byte,
+    )
+
+
+# ------------------------------------------------------------------------------------
+# Configurations and predictions
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to run data-parallel training: staleness K, compression, overlap."""
+
+    staleness: int
+    compression: str
+    overlap: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.staleness, int) or self.staleness < 1:
+            raise ValueError(f"staleness K must be an integer >= 1, got {self.staleness!r}")
+        if self.compression not in MODES:
+            raise ValueError(f"unknown compression {self.compression!r}; valid: {MODES}")
+        if self.overlap not in OVERLAPS:
+            raise ValueError(f"unknown overlap {self.overlap!r}; valid: {OVERLAPS}")
+
+    @property
+    def label(self) -> str:
+        """Short name in the paper's style: `D-Sync`, `Pipe-SGD+T`, `Pipe-SGD+Q/ovl`."""
+        name = "D-Sync" if self.staleness == 1 else (
+            "Pipe-SGD" if self.staleness == 2 else f"Pipe-SGD(K={self.staleness})")
+        name += {"none": "", "trunc16": "+T", "quant8": "+Q"}[self.compression]
+        return name + ("/ovl" if self.overlap == "backward" else "")
+
+
+def all_configs(staleness: Iterable[int] = (1, 2)) -> list[Config]:
+    """Every configuration of the search space: K x compression x overlap."""
+    return [Config(k, c, o) for k in staleness for c in MODES for o in OVERLAPS]
+
+
+@dataclass
+class Prediction:
+    """Predicted time of one iteration of one configuration.
+
+    Attributes:
+        breakdown: seconds on the critical path by kind (`BREAKDOWN_KEYS`); they sum to
+            `predicted_s`. Pipe-SGD's hidden communication is not in it.
+        comm_s: the comm thread's busy time per iteration (hidden or not).
+        compute_s: the compute thread's time per iteration, with contention.
+        bound: "compute", "communication" or "cpu" (cores shared by compute and comm).
+        reason: one sentence saying why.
+        scaling_efficiency: single-rank iteration time / predicted_s (eq. 7 for Pipe-SGD).
+    """
+
+    config: Config
+    p: int
+    predicted_s: float
+    breakdown: dict[str, float]
+    comm_s: float
+    compute_s: float
+    bound: str
+    reason: str
+    scaling_efficiency: float
+    segments: int
+    details: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.config.label,
+            "staleness": self.config.staleness,
+            "compression": self.config.compression,
+            "overlap": self.config.overlap,
+            "p": self.p,
+            "predicted_s": self.predicted_s,
+            "breakdown": dict(self.breakdown),
+            "comm_s": self.comm_s,
+            "compute_s": self.compute_s,
+            "bound": self.bound,
+            "reason": self.reason,
+            "scaling_efficiency": self.scaling_efficiency,
+            "segments": self.segments,
+            "details": dict(self.details),
+        }
+
+
+def bucket_plan(
+    profile: Profile, segments: int | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[tuple[float, float]]:
+    """The L allreduces of one iteration: (bytes, fraction of backward done when ready).
+
+    `segments` = L splits the gradient into L equal buckets ready at i/L of the backward
+    pass (eq. 6's model). None groups the profile's gradients, in the order backward
+    produces them, into buckets of up to `bucket_bytes` (as the optimizer does).
+    """
+    n = profile.gradient_bytes
+    if segments is not None:
+        if not isinstance(segments, int) or segments < 1:
+            raise ValueError(f"segments (L) must be an integer >= 1, got {segments!r}")
+        return [(n / segments, (i + 1) / segments) for i in range(segments)]
+    _check_positive("bucket_bytes", bucket_bytes)
+    ready = profile.gradient_ready or [(n, 1.0)]
+    buckets: list[tuple[float, float]] = []
+    size = 0.0
+    last = 0.0
+    for nbytes, fraction in ready:
+        if size and size + nbytes > bucket_bytes:
+            buckets.append((size, last))
+            size = 0.0
+        size += nbytes
+        last = fraction
+    if size or not buckets:
+        buckets.append((size, 1.0 if not ready else last))
+    return buckets
+
+
+def _ranks_per_host(net: NetworkParams, p: int) -> int:
+    return p if net.ranks_per_host is None else min(net.ranks_per_host, p)
+
+
+def predict(
+    profile: Profile,
+    network: NetworkParams,
+    p: int,
+    staleness: int = 2,
+    compression: str = "none",
+    overlap: str = "sequential",
+    segments: int | None = None,
+    *,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> Prediction:
+    """Predicted iteration time of one configuration on p ranks (see the module docstring).
+
+    Args:
+        profile: l_for, l_back, l_up, n (`pipesgd.timing.profile`).
+        network: α, β, γ, S, kernel costs and host (`measure_network` / `describe_cluster`).
+        p: ranks (>= 1; p = 1 has no communication).
+        staleness: K (1 = D-Sync, 2 = Pipe-SGD).
+        compression: "none", "trunc16" or "quant8".
+        overlap: "sequential" (allreduce after backward) or "backward" (buckets start as
+            backward produces them).
+        segments: L, allreduces per iteration when overlapping (None: buckets of
+            `bucket_bytes`); sequential communication is one allreduce (eq. 5).
+        segment_bytes: the engine's ring segment (quant8 carries a scale per segment).
+
+    Raises:
+        ValueError: p < 1, non-positive bandwidth, negative times or sizes, unknown mode.
+
+    Example:
+        >>> from pipesgd.timing import Profile, describe_cluster, predict
+        >>> prof = Profile(forward_s=0.004, backward_s=0.008, update_s=0.001,
+        ...                gradient_bytes=100e6)
+        >>> pred = predict(prof, describe_cluster("10Gbit", "20us"), p=4, staleness=2)
+        >>> pred.bound, round(pred.predicted_s * 1e3, 1)   # ms
+        ('communication', 134.4)
+    """
+    _check_p(p)
+    config = Config(staleness, compression, overlap)
+    if segments is not None and (not isinstance(segments, int) or segments < 1):
+        raise ValueError(f"segments (L) must be an integer >= 1 or None, got {segments!r}")
+    profile.check()
+    network.check()
+    l_up, l_for, l_back = profile.update_s, profile.forward_s, profile.backward_s
+    n = profile.gradient_bytes
+    pack = 2 * n * network.copy_s_per_byte if p > 1 else 0.0
+    l_comp = l_for + l_back
+    single = l_up + l_comp
+
+    # Sequential communication is one allreduce of everything after backward (eq. 5);
+    # only overlapping splits the gradient into L buckets (eq. 6).
+    if p > 1 and overlap == "backward":
+        buckets = bucket_plan(profile, segments, bucket_bytes)
+    else:
+        buckets = [(n, 1.0)]
+    R = _ranks_per_host(network, p)
+    C = int(network.cores or 1)
+    t = profile.threads
+    costs = [ring_allreduce_cost(b, p, network, compression, segment_bytes) for b, _ in buckets]
+    total = sum(costs, RingCost())
+    s_comp = max(1.0, R * t / C)
+    s_comm = max(1.0, R / C)
+
+    update = l_up + pack
+    compute_work = update + l_comp  # one rank, profiled cores
+    compute_wall = compute_work * s_comp
+    comm_wall = total.wall(s_comm)
+    wire_s = total.latency + total.transfer + total.sync
+    kern_s = total.kernels * s_comm
+    cpu_bound = R * (t * compute_work + total.cpu) / C
+    contention_compute = compute_work * (s_comp - 1)
+
+    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    breakdown.update(update=update, forward=l_for, backward=l_back)
+    bound: str
+    if staleness == 1:
+        if overlap == "sequential":
+            tail = comm_wall
+        else:
+            # bucket i leaves when ready and when the comm thread is free; backward is
+            # stretched like all compute.
+            end = 0.0
+            for (_, ready), cost in zip(buckets, costs, strict=True):
+                end = max(end, ready * l_back * s_comp) + cost.wall(s_comm)
+            tail = max(0.0, end - l_back * s_comp)
+        share = tail / comm_wall if comm_wall else 0.0
+        breakdown["communication"] = wire_s * share
+        breakdown["compression"] = kern_s * share
+        breakdown["contention"] = contention_compute
+        iteration = compute_wall + tail
+        # Overlapping with backward shares cores with compute: never beat the CPU work.
+        if overlap == "backward" and cpu_bound > iteration:
+            breakdown["contention"] += cpu_bound - iteration
+            iteration = cpu_bound
+        bound = "communication" if comm_wall > compute_wall else "compute"
+    else:
+        iteration = max(compute_wall, comm_wall, cpu_bound)
+        if comm_wall >= max(compute_wall, cpu_bound) and comm_wall > compute_work:
+            exposed = comm_wall - compute_work
+            breakdown["communication"] = exposed * wire_s / comm_wall
+            breakdown["compression"] = exposed * kern_s / comm_wall
+            bound = "communication"
+        else:
+            breakdown["contention"] = iteration - compute_work
+            bound = "cpu" if cpu_bound > compute_wall and cpu_bound > comm_wall else "compute"
+
+    ms = 1e3
+    why = (f"compute {compute_wall * ms:.2f} ms vs communication {comm_wall * ms:.2f} ms "
+           f"(wire {wire_s * ms:.2f} ms, kernels {kern_s * ms:.2f} ms, L={len(buckets)})")
+    if bound == "cpu":
+        why += (f"; {R} ranks x ({t} compute + 1 comm thread) share {C} cores: CPU work "
+                f"{cpu_bound * ms:.2f} ms per iteration binds")
+    elif s_comp > 1:
+        why += f"; compute stretched x{s_comp:.2f} by {R} ranks on {C} cores"
+    if p == 1:
+        why = f"one rank: no communication, compute {compute_wall * ms:.2f} ms"
+        bound = "compute"
+    return Prediction(
+        config=config,
+        p=p,
+        predicted_s=iteration,
+        breakdown=breakdown,
+        comm_s=comm_wall,
+        compute_s=compute_wall,
+        bound=bound,
+        reason=f"{bound}-bound: {why}",
+        scaling_efficiency=single / iteration if iteration else 1.0,
+        segments=len(buckets),
+        details={
+            "latency_s": total.latency,
+            "transfer_s": total.transfer,
+            "kernels_s": total.kernels,
+            "sync_s": total.sync,
+            "comm_cpu_s": total.cpu,
+            "cpu_bound_s": cpu_bound,
+            "compute_stretch": s_comp,
+            "kernel_stretch": s_comm,
+            "ranks_per_host": R,
+            "cores": C,
+        },
+    )
+
+
+def choose(
+    profile: Profile,
+    network: NetworkParams,
+    p: int,
+    configs: Sequence[Config] | None = None,
+    segments: int | None = None,
+    **kwargs: Any,
+) -> list[Prediction]:
+    """Every configuration, fastest predicted first.
+
+    Ties (equal up to rounding) go to the simpler configuration: lower staleness, then less
+    compression, then sequential communication.
+
+    Example:
+        >>> ranked = choose(prof, net, p=4)
+        >>> best = ranked[0]; print(best.config.label, best.reason)
+    """
+    configs = list(configs) if configs is not None else all_configs()
+    if not configs:
+        raise ValueError("configs is empty; pass None for every configuration")
+    preds = [predict(profile, network, p, c.staleness, c.compression, c.overlap, segments,
+                     **kwargs) for c in configs]
+    fastest = min(pr.predicted_s for pr in preds)
+
+    def key(pr: Prediction) -> tuple[int, float, int, int, int]:
+        tie = pr.predicted_s <= fastest * (1 + TIE_TOLERANCE)
+        ratio = 0.0 if tie or fastest == 0 else round(pr.predicted_s / fastest, 6)
+        return (0 if tie else 1, ratio, pr.config.staleness,
+                MODES.index(pr.config.compression), OVERLAPS.index(pr.config.overlap))
+
+    return sorted(preds, key=key)

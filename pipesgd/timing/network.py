@@ -1,0 +1,349 @@
+"""The network and host side of the timing model: `NetworkParams` and `measure_network`.
+
+Symbols follow Pipe-SGD eq. 5: α (latency of one message), β (seconds per byte on the
+link), γ (seconds per byte of float32 reduction), S (global synchronisation). Added for
+compression and for hosts whose cores are shared (see `pipesgd.timing.model`):
+
+* per-byte costs of each compression kernel (`KernelCosts`), per byte of float32 input;
+* β_cpu, the CPU seconds a rank burns per byte it moves (≈ β over shared memory, where
+  the copy *is* the transfer; small over a NIC that moves bytes by DMA);
+* the host: `cores` and `ranks_per_host` (None = all ranks on this one host).
+
+`measure_network(comm)` measures all of them on the ranks of `comm` with the transport
+they actually use; every figure is the median of repetitions, with its spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMPRESSED_MODES = ("trunc16", "quant8")
+
+
+@dataclass(frozen=True)
+class KernelCosts:
+    """Seconds per byte of float32 input of the four kernels a compressed ring runs.
+
+    Attributes:
+        encode: float32 -> wire (first hop of a chunk, and the owner's final chunk).
+        decode_add_encode: one reduce-scatter hop (decode, add local block, re-encode).
+        decode: allgather: every rank decodes every chunk.
+        decode_add: the owner's last reduce-scatter hop.
+    """
+
+    encode: float
+    decode_add_encode: float
+    decode: float
+    decode_add: float
+
+    def check(self, mode: str) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if not value >= 0:
+                raise ValueError(f"kernel cost {mode}.{name} must be >= 0 s/byte, got {value}")
+
+
+def _default_cores() -> int:
+    return os.cpu_count() or 1
+
+
+@dataclass
+class NetworkParams:
+    """α, β, γ, S, the kernel costs and the host, as `predict` needs them.
+
+    Attributes:
+        alpha_s: α, one-way latency of a small message (s).
+        beta_s_per_byte: β, link time per byte (s/B) as the ring uses it (all ranks
+            sending to the right and receiving from the left at once).
+        gamma_s_per_byte: γ, float32 reduction per byte (s/B), one core.
+        sync_s: S, one global synchronisation (barrier), s.
+        kernels: compression mode -> `KernelCosts` (s per float32 byte), one core.
+        copy_s_per_byte: memcpy per byte (packing gradients into a flat buffer), one core.
+        beta_cpu_s_per_byte: CPU seconds a rank burns per byte moved on the link.
+        cores: cores per host shared by ranks, their comm threads and the network stack.
+        ranks_per_host: ranks per host; None = all p ranks on one host.
+        measured_p: number of ranks the figures were measured with (None: given by hand).
+        spread: figure -> relative spread (IQR / median) of the repetitions.
+        source: where the figures come from.
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+    gamma_s_per_byte: float
+    sync_s: float
+    kernels: dict[str, KernelCosts] = field(default_factory=dict)
+    copy_s_per_byte: float = 0.0
+    beta_cpu_s_per_byte: float = 0.0
+    cores: int | None = None
+    ranks_per_host: int | None = None
+    measured_p: int | None = None
+    spread: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cores is None:
+            self.cores = _default_cores()
+        self.kernels = {
+            mode: k if isinstance(k, KernelCosts) else KernelCosts(**k)
+            for mode, k in self.kernels.items()
+        }
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError naming the first impossible figure."""
+        if not self.beta_s_per_byte > 0:
+            raise ValueError(
+                f"beta must be > 0 s/byte (a link of finite, non-zero bandwidth), got "
+                f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
+            )
+        for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
+                     "beta_cpu_s_per_byte"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.cores is not None and self.cores < 1:
+            raise ValueError(f"cores must be >= 1, got {self.cores}")
+        if self.ranks_per_host is not None and self.ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host must be >= 1 or None, got {self.ranks_per_host}")
+        for mode, costs in self.kernels.items():
+            costs.check(mode)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return 1.0 / self.beta_s_per_byte
+
+    def kernel(self, mode: str) -> KernelCosts:
+        if mode not in self.kernels:
+            raise ValueError(
+                f"no kernel costs for compression {mode!r} in this network description "
+                f"(have {sorted(self.kernels)}); measure them with `pipesgd timing measure`"
+            )
+        return self.kernels[mode]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NetworkParams:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> NetworkParams:
+        data = json.loads(Path(path).read_text())
+        return cls.from_dict(data.get("network", data))
+
+
+# ------------------------------------------------------------------------------------
+# Measurement
+
+
+def _median_spread(samples: list[float]) -> tuple[float, float]:
+    med = statistics.median(samples)
+    if len(samples) < 4 or med == 0:
+        return med, 0.0
+    q = statistics.quantiles(samples, n=4)
+    return med, (q[2] - q[0]) / med
+
+
+def _time_each(call: Callable[[], None], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_kernels(
+    nbytes: int = 32 << 20, repeats: int = 15, seed: int = 0
+) -> tuple[float, float, dict[str, KernelCosts], dict[str, float]]:
+    """γ, the copy cost and every compression kernel's cost on this process's core.
+
+    Works on blocks of `nbytes` of float32, larger than the caches: the ring streams a
+    gradient through each kernel once, from memory (a 4 MiB block that stays in L2 runs
+    the kernels 3-4x faster than the ring sees them).
+
+    Returns:
+        (gamma, copy, kernels, spread), all in seconds per float32 byte.
+    """
+    import numpy as np
+
+    from pipesgd import compression as C
+
+    n = nbytes // 4
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n, dtype=np.float32)
+    local = rng.standard_normal(n, dtype=np.float32)
+    acc = np.empty_like(x)
+    spread: dict[str, float] = {}
+
+    def per_byte(name: str, call: Callable[[], None]) -> float:
+        call()  # warm-up: page faults, first-touch
+        med, sp = _median_spread(_time_each(call, repeats))
+        spread[name] = sp
+        return med / (4 * n)
+
+    gamma = per_byte("gamma", lambda: np.add(x, local, out=acc))
+    copy = per_byte("copy", lambda: np.copyto(acc, x))
+    kernels = {}
+    for mode in COMPRESSED_MODES:
+        wire = C.encode(x, mode)
+        kernels[mode] = KernelCosts(
+            encode=per_byte(f"{mode}.encode", lambda m=mode: C.encode(x, m)),
+            decode_add_encode=per_byte(
+                f"{mode}.decode_add_encode", lambda m=mode, w=wire: C.decode_add_encode(w, local, m)
+            ),
+            decode=per_byte(f"{mode}.decode", lambda m=mode, w=wire: C.decode(w, n, m)),
+            decode_add=per_byte(
+                f"{mode}.decode_add", lambda m=mode, w=wire: C.decode_add(w, local, m, out=acc)
+            ),
+        )
+    return gamma, copy, kernels, spread
+
+
+def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
+    """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(poll_s)
+
+
+def measure_network(
+    comm: Any = None,
+    *,
+    small_bytes: int = 8,
+    large_bytes: tuple[int, int] = (4 << 20, 16 << 20),
+    repeats: int = 20,
+    kernel_bytes: int = 32 << 20,
+) -> NetworkParams:
+    """Measure α, β, β_cpu, γ, S and the kernel costs on the ranks of `comm` (collective).
+
+    * α: half the round trip of a `small_bytes` ping-pong between ranks 0 and 1.
+    * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
+      left (one ring step, as the ring-AllReduce runs it); β is the slope of the slowest
+      rank's time between the two `large_bytes` sizes, so latency drops out.
+    * β_cpu: the CPU time (user + system) the rank burnt during those steps, per byte.
+    * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
+      sleeping); the model stretches them itself when ranks share cores.
+    * S: one `Barrier`.
+
+    Each figure is the median of `repeats`, taken after a warm-up; `spread` holds the
+    relative interquartile range. With one rank, α, β and S cannot be measured: they are
+    set from a 2-rank-free default (α = S = 0, β = the copy cost) and `source` says so.
+
+    Returns:
+        NetworkParams, with `measured_p` = comm size and `ranks_per_host` = ranks sharing
+        this node (None when that is all of them).
+    """
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    spread: dict[str, float] = {}
+
+    # alpha: ping-pong between 0 and 1
+    alpha = 0.0
+    if size > 1:
+        buf = np.zeros(small_bytes, dtype=np.uint8)
+        samples = []
+        for i in range(repeats * 10 + 20):
+            comm.Barrier()
+            start = time.perf_counter()
+            if rank == 0:
+                comm.Send(buf, dest=1, tag=1)
+                comm.Recv(buf, source=1, tag=2)
+            elif rank == 1:
+                comm.Recv(buf, source=0, tag=1)
+                comm.Send(buf, dest=0, tag=2)
+            if i >= 20:
+                samples.append((time.perf_counter() - start) / 2)
+        alpha, spread["alpha"] = _median_spread(comm.bcast(samples, root=0))
+
+    # beta, beta_cpu: a ring step at two sizes
+    beta = beta_cpu = 0.0
+    if size > 1:
+        right, left = (rank + 1) % size, (rank - 1) % size
+        step_times: dict[int, list[float]] = {}
+        cpu_times: dict[int, list[float]] = {}
+        for m in large_bytes:
+            send = np.ones(m, dtype=np.uint8)
+            recv = np.empty(m, dtype=np.uint8)
+            walls, cpus = [], []
+            for i in range(repeats + 3):
+                comm.Barrier()
+                cpu0, start = time.process_time(), time.perf_counter()
+                comm.Sendrecv(send, dest=right, sendtag=3, recvbuf=recv, source=left, recvtag=3)
+                wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
+                slowest = comm.allreduce(wall, op=MPI.MAX)
+                if i >= 3:
+                    walls.append(slowest)
+                    cpus.append(cpu)
+            step_times[m], cpu_times[m] = walls, cpus
+        small, large = large_bytes
+        t_small, _ = _median_spread(step_times[small])
+        t_large, spread["beta"] = _median_spread(step_times[large])
+        beta = max(t_large - t_small, 1e-15) / (large - small)
+        cpu_large = statistics.median(cpu_times[large])
+        cpu_small = statistics.median(cpu_times[small])
+        # process_time ticks coarsely; the slope is noisy, so take the large-size ratio.
+        per_rank_cpu = max(cpu_large - cpu_small, 0.0) / (large - small)
+        if per_rank_cpu == 0.0:
+            per_rank_cpu = cpu_large / large
+        beta_cpu = min(statistics.median(comm.allgather(per_rank_cpu)), beta)
+
+    # S: barrier
+    samples = []
+    for _ in range(repeats * 5 + 10):
+        start = time.perf_counter()
+        comm.Barrier()
+        samples.append(time.perf_counter() - start)
+    sync_local = statistics.median(samples[10:])
+    sync = statistics.median(comm.allgather(sync_local)) if size > 1 else 0.0
+
+    # gamma, copy, kernels: on one core of an otherwise idle host. Only rank 0 measures;
+    # the others wait without spinning (an MPI barrier busy-polls and would take the
+    # cores that ranks share).
+    if rank == 0:
+        gamma, copy, kernels, kernel_spread = measure_kernels(kernel_bytes, repeats)
+    _idle_barrier(comm)
+    gamma, copy, kernels, kernel_spread = comm.bcast(
+        (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
+    )
+    spread.update(kernel_spread)
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    on_node = node.Get_size()
+    node.Free()
+    max_on_node = comm.allreduce(on_node, op=MPI.MAX)
+    if size == 1:
+        beta = copy
+        source = "measured on 1 rank: alpha, S not measurable, beta = memcpy"
+    else:
+        library = MPI.Get_library_version().replace("\x00", "").split(",")[0].strip()
+        source = f"measured on {size} ranks ({library})"
+    return NetworkParams(
+        alpha_s=alpha,
+        beta_s_per_byte=beta,
+        gamma_s_per_byte=gamma,
+        sync_s=sync,
+        kernels=kernels,
+        copy_s_per_byte=copy,
+        beta_cpu_s_per_byte=beta_cpu,
+        cores=_default_cores(),
+        ranks_per_host=None if max_on_node == size else max_on_node,
+        measured_p=size,
+        spread={k: round(v, 4) for k, v in spread.items()},
+        source=source,
+    )

@@ -1,0 +1,242 @@
+"""The compute side of the timing model: `Profile` (l_for, l_back, l_up, n) and `profile`.
+
+`profile(model, sample_batch, optimizer)` times forward, backward and the optimizer step
+of one batch in this process (warm-up, then the median of repetitions), counts the
+gradient bytes n, and records when each gradient becomes ready during backward (the
+fraction of the backward pass elapsed), which is what overlapping communication with
+backward can exploit (eq. 6). A `Profile` can also be written by hand or loaded from JSON
+to predict for a model or accelerator you do not have (`Profile.scaled`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Profile:
+    """Per-iteration compute figures of one rank.
+
+    Attributes:
+        forward_s: l_for, forward pass and loss (s).
+        backward_s: l_back, backward pass (s).
+        update_s: l_up, optimizer step (s).
+        gradient_bytes: n, bytes of all gradients (float32).
+        gradient_ready: (bytes, fraction of backward elapsed) per parameter, in the order
+            backward produces them; empty = all at the end.
+        threads: compute threads of one rank while profiled (torch intra-op threads).
+        batch_size: samples per rank per iteration.
+        model: a name for tables.
+        spread: figure -> relative spread (IQR / median) of the repetitions.
+        source: where the figures come from.
+    """
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    gradient_bytes: float
+    gradient_ready: list[tuple[float, float]] = field(default_factory=list)
+    threads: int = 1
+    batch_size: int = 0
+    model: str = ""
+    spread: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        self.gradient_ready = [(float(b), float(f)) for b, f in self.gradient_ready]
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError naming the first impossible figure."""
+        for name in ("forward_s", "backward_s", "update_s", "gradient_bytes"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value >= 0 and math.isfinite(value)):
+                raise ValueError(f"profile.{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"profile.threads must be an integer >= 1, got {self.threads!r}")
+        for nbytes, fraction in self.gradient_ready:
+            if nbytes < 0 or not 0 <= fraction <= 1:
+                raise ValueError(
+                    f"profile.gradient_ready entries are (bytes >= 0, fraction in [0, 1]); "
+                    f"got {(nbytes, fraction)}"
+                )
+
+    @property
+    def compute_s(self) -> float:
+        """l_comp = l_for + l_back."""
+        return self.forward_s + self.backward_s
+
+    def scaled(self, speedup: float, model: str | None = None) -> Profile:
+        """The same model on a device `speedup` times faster (times divided, n kept).
+
+        Example: `Profile.load("cnn.json").scaled(50)` for a GPU 50x faster than one core.
+        """
+        if not speedup > 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        return dataclasses.replace(
+            self,
+            forward_s=self.forward_s / speedup,
+            backward_s=self.backward_s / speedup,
+            update_s=self.update_s / speedup,
+            model=model or self.model,
+            source=f"{self.source} scaled by 1/{speedup:g}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        data = json.loads(Path(path).read_text())
+        return cls.from_dict(data.get("profile", data))
+
+
+def _median_spread(samples: list[float]) -> tuple[float, float]:
+    med = statistics.median(samples)
+    if len(samples) < 4 or med == 0:
+        return med, 0.0
+    q = statistics.quantiles(samples, n=4)
+    return med, (q[2] - q[0]) / med
+
+
+def profile(
+    model: Any,
+    sample_batch: tuple[Any, Any],
+    optimizer: Any,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    name: str = "",
+) -> Profile:
+    """Time forward, backward and the optimizer step of `model` on one batch.
+
+    Args:
+        model: a torch.nn.Module.
+        sample_batch: (inputs, targets) of one rank's batch.
+        optimizer: a torch optimizer over `model`'s parameters (a plain one: the
+            communication is what the timing model adds).
+        loss_fn: loss(outputs, targets); default cross-entropy.
+        warmup: untimed iterations first (allocator, caches, lazy init).
+        repeats: timed iterations; each figure is their median.
+
+    Returns:
+        Profile with `threads` = torch.get_num_threads() at the time.
+    """
+    import torch
+
+    inputs, targets = sample_batch
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters: nothing to communicate")
+    n_bytes = sum(p.numel() * 4 for p in params)  # gradients travel as float32
+
+    ready: list[tuple[int, float]] = []
+    clock = {"start": 0.0}
+    hooks = []
+    for p in params:
+        def hook(param: Any, _bytes: int = p.numel() * 4) -> None:
+            ready.append((_bytes, time.perf_counter() - clock["start"]))
+        hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    fwd, bwd, upd, readies = [], [], [], []
+    model.train()
+    try:
+        for i in range(warmup + repeats):
+            optimizer.zero_grad(set_to_none=True)
+            ready.clear()
+            t0 = time.perf_counter()
+            loss = loss_fn(model(inputs), targets)
+            t1 = time.perf_counter()
+            clock["start"] = t1
+            loss.backward()
+            t2 = time.perf_counter()
+            optimizer.step()
+            t3 = time.perf_counter()
+            if i >= warmup:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+                upd.append(t3 - t2)
+                readies.append([(b, min(1.0, at / (t2 - t1))) for b, at in ready])
+    finally:
+        for h in hooks:
+            h.remove()
+    forward_s, fwd_spread = _median_spread(fwd)
+    backward_s, bwd_spread = _median_spread(bwd)
+    update_s, upd_spread = _median_spread(upd)
+    # Ready fractions: per parameter (same order every iteration), median over repeats.
+    gradient_ready = [
+        (float(readies[0][j][0]), statistics.median(r[j][1] for r in readies))
+        for j in range(len(readies[0]))
+    ]
+    return Profile(
+        forward_s=forward_s,
+        backward_s=backward_s,
+        update_s=update_s,
+        gradient_bytes=float(n_bytes),
+        gradient_ready=gradient_ready,
+        threads=torch.get_num_threads(),
+        batch_size=int(inputs.shape[0]),
+        model=name or type(model).__name__,
+        spread={"forward": round(fwd_spread, 4), "backward": round(bwd_spread, 4),
+                "update": round(upd_spread, 4)},
+        source=f"profiled: median of {repeats} after {warmup} warm-up, "
+               f"{torch.get_num_threads()} thread(s)",
+    )
+
+
+def profile_named(
+    model: str,
+    batch_size: int,
+    *,
+    lr: float = 0.01,
+    threads: int | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+    seed: int = 0,
+) -> Profile:
+    """`profile` of a model of `pipesgd.pipeline.models.MODELS` ("mlp", "cnn") with SGD
+    on a random batch, as `pipesgd train --data synthetic` runs it.
+
+    Args:
+        threads: torch intra-op threads while profiling (None: leave as set). Profile with
+            the threads each rank will use (one, when ranks share the cores).
+    """
+    import torch
+
+    from pipesgd.pipeline.models import MODELS
+
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; known: {sorted(MODELS)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        spec = MODELS[model]()
+        net = spec.build(seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(batch_size, *spec.input_shape, generator=gen)
+        y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
+        opt = torch.optim.SGD(net.parameters(), lr=lr)
+        return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=model)
+    finally:
+        torch.set_num_threads(previous)

@@ -1,0 +1,56 @@
+"""`pipesgd timing` end to end: measure under mpirun, predict from files, project."""
+
+import json
+import subprocess
+import sys
+
+from mpirun import ROOT, run_mpi
+
+from pipesgd.timing import Profile
+
+
+def pipesgd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipesgd.cli", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+
+
+def test_measure_network_on_two_ranks_is_sane():
+    out = run_mpi(2, "timing_measure.py", timeout=90).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["measured_p"] == 2 and figures["beta_s_per_byte"] > 0
+
+
+def test_predict_by_hand_writes_json_and_png(tmp_path):
+    prof = tmp_path / "prof.json"
+    Profile(forward_s=0.002, backward_s=0.004, update_s=0.001, gradient_bytes=20e6,
+            model="toy", batch_size=32).save(prof)
+    out = tmp_path / "pred.json"
+    res = pipesgd("timing", "predict", "--profile", str(prof), "-p", "4",
+                  "--bandwidth", "10Gbit", "--latency", "20us", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "choice:" in res.stdout
+    data = json.loads(out.read_text())
+    assert len(data["configs"]) == 12
+    first = data["configs"][0]
+    assert {"staleness", "compression", "overlap", "predicted_s", "breakdown"} <= set(first)
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_predict_without_a_network_says_how_to_give_one(tmp_path):
+    prof = tmp_path / "prof.json"
+    Profile(forward_s=0.002, backward_s=0.004, update_s=0.001, gradient_bytes=2e6).save(prof)
+    res = pipesgd("timing", "predict", "--profile", str(prof), "-p", "2")
+    assert res.returncode == 2 and "--bandwidth 10Gbit" in res.stderr
+    res = pipesgd("timing", "predict", "--profile", str(prof), "-p", "0",
+                  "--bandwidth", "1Gbit")
+    assert res.returncode == 2 and "p (number of ranks)" in res.stderr
+
+
+def test_project_table(tmp_path):
+    prof = tmp_path / "prof.json"
+    Profile(forward_s=0.09, backward_s=0.15, update_s=0.003, gradient_bytes=18.5e6,
+            model="cnn", batch_size=32).save(prof)
+    res = pipesgd("timing", "project", "--profile", str(prof), "--speedup", "100",
+                  "--markdown")
+    assert res.returncode == 0, res.stderr
+    assert "| 10GbE | 256 |" in res.stdout and "| 100Gbit | 2 |" in res.stdout

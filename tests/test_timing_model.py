@@ -1,0 +1,248 @@
+"""The timing model: each equation against hand-computed values, edge cases, `choose`."""
+
+import math
+
+import pytest
+
+from pipesgd.timing import (
+    Config,
+    KernelCosts,
+    NetworkParams,
+    Profile,
+    choose,
+    describe_cluster,
+    parse_bandwidth,
+    parse_duration,
+    predict,
+    ring_allreduce_cost,
+)
+from pipesgd.timing import model as M
+
+KERNELS = {
+    "trunc16": KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10, decode_add=4e-10),
+    "quant8": KernelCosts(encode=2e-10, decode_add_encode=5e-10, decode=1e-10, decode_add=3e-10),
+}
+
+
+def net(**kw):
+    base = dict(alpha_s=1e-5, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, sync_s=2e-5,
+                kernels=KERNELS, copy_s_per_byte=0.0, beta_cpu_s_per_byte=0.0, cores=64,
+                ranks_per_host=1)
+    base.update(kw)
+    return NetworkParams(**base)
+
+
+def prof(**kw):
+    base = dict(forward_s=0.01, backward_s=0.02, update_s=0.005, gradient_bytes=4e6)
+    base.update(kw)
+    return Profile(**base)
+
+
+# -- the equations as printed --------------------------------------------------------
+
+def test_eq2_and_eq4_by_hand():
+    assert M.eq2_sync(1, 2, 3) == 6
+    assert M.eq4_pipelined(1, 2, 3) == 3
+    assert M.eq4_pipelined(1, 5, 3) == 6
+
+
+def test_eq5_by_hand():
+    # p=4, n=4e6: 2*3*1e-5 + 2*3/4*4e6*1e-9 + 3/4*4e6*1e-10 + 2e-5
+    expected = 6e-5 + 6e-3 + 3e-4 + 2e-5
+    assert M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5) == pytest.approx(expected)
+    assert M.eq5_pipe_sequential(0.005, 0.01, 0.02, expected) == pytest.approx(0.035)
+
+
+def test_eq6_by_hand_and_sequential_beats_segmented():
+    # L = 8: latency and S are paid 8 times, bytes once.
+    expected = 2 * 3 * 8 * 1e-5 + 6e-3 + 3e-4 + 8 * 2e-5
+    l6 = M.eq6_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5, segments=8)
+    assert l6 == pytest.approx(expected)
+    assert M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5) < l6
+    assert M.eq6_pipe_segmented(0.001, 0.001, 0.0001, l6) == pytest.approx(l6)
+
+
+def test_eq7_by_hand():
+    assert M.eq7_scaling_efficiency(0.005, 0.03, 0.07) == pytest.approx(0.5)
+    assert M.eq7_scaling_efficiency(0.005, 0.03, 0.01) == 1.0
+
+
+def test_ring_cost_uncompressed_is_eq5():
+    n, p, nw = 4e6, 4, net()
+    cost = ring_allreduce_cost(n, p, nw, "none")
+    assert cost.wall() == pytest.approx(M.eq5_ring_comm(p, n, 1e-5, 1e-9, 1e-10, 2e-5))
+
+
+def test_ring_cost_trunc16_by_hand():
+    # p=4, n=4e6 bytes: chunk 1e6 B = 250000 floats -> 500000 wire bytes per step
+    cost = ring_allreduce_cost(4e6, 4, net(), "trunc16")
+    assert cost.transfer == pytest.approx(6 * 500000 * 1e-9)
+    assert cost.latency == pytest.approx(6e-5)
+    # 2 encodes + (p-2) decode_add_encode + 1 decode_add + p decodes, on a 1e6 B chunk
+    kernels = 1e6 * (2 * 1e-10 + 2 * 3e-10 + 4e-10 + 4 * 2e-10)
+    assert cost.kernels == pytest.approx(kernels)
+
+
+def test_ring_cost_quant8_carries_a_scale_per_segment():
+    # chunk 1e6 B = 250000 floats = 4 segments of 256 KiB -> 250000 + 16 wire bytes
+    cost = ring_allreduce_cost(4e6, 4, net(), "quant8")
+    assert cost.transfer == pytest.approx(6 * 250016 * 1e-9)
+
+
+def test_predict_dsync_is_eq2_and_pipe_is_eq5():
+    pr, nw = prof(), net()
+    comm = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
+    sync = predict(pr, nw, 4, staleness=1)
+    assert sync.predicted_s == pytest.approx(M.eq2_sync(0.005, 0.03, comm))
+    assert sum(sync.breakdown.values()) == pytest.approx(sync.predicted_s)
+    pipe = predict(pr, nw, 4, staleness=2)
+    assert pipe.predicted_s == pytest.approx(M.eq5_pipe_sequential(0.005, 0.01, 0.02, comm))
+    assert pipe.bound == "compute"
+    assert pipe.scaling_efficiency == pytest.approx(1.0)
+    assert sum(pipe.breakdown.values()) == pytest.approx(pipe.predicted_s)
+
+
+def test_predict_segments_is_eq6_when_communication_bound():
+    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    seg = predict(pr, net(), 4, staleness=2, overlap="backward", segments=8)
+    assert seg.predicted_s == pytest.approx(M.eq6_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5, 8))
+    assert seg.bound == "communication"
+    assert sum(seg.breakdown.values()) == pytest.approx(seg.predicted_s)
+
+
+def test_dsync_overlap_hides_communication_behind_backward():
+    # 4 buckets ready at 1/4 .. 4/4 of a 20 ms backward; each bucket's ring is 1.5+ ms
+    pr = prof()
+    ovl = predict(pr, net(), 4, staleness=1, overlap="backward", segments=4)
+    one = ring_allreduce_cost(1e6, 4, net(), "none").wall()
+    # the last bucket leaves when backward ends: only its ring is exposed
+    assert ovl.predicted_s == pytest.approx(0.035 + one)
+
+
+def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
+    pr = prof(gradient_bytes=40e6)
+    nw = net(beta_s_per_byte=1e-10)
+    cost = ring_allreduce_cost(40e6, 4, nw, "trunc16")
+    d = predict(pr, nw, 4, staleness=1, compression="trunc16")
+    assert d.predicted_s == pytest.approx(0.035 + cost.wall())
+    assert d.breakdown["compression"] == pytest.approx(cost.kernels)
+    p = predict(pr, nw, 4, staleness=2, compression="trunc16")
+    assert cost.wall() < 0.035 and p.predicted_s == pytest.approx(0.035)
+    assert p.breakdown["compression"] == 0.0
+
+
+def test_shared_cores_stretch_compute_and_bind_pipe_sgd():
+    # 4 ranks, 1 compute thread each, on 2 cores: compute runs at half speed, and
+    # Pipe-SGD cannot hide the comm thread's CPU work.
+    pr = prof()
+    nw = net(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=1e-9)
+    pipe = predict(pr, nw, 4, staleness=2)
+    cost = ring_allreduce_cost(4e6, 4, nw, "none")
+    cpu = 4 * (0.035 + cost.cpu) / 2
+    assert pipe.predicted_s == pytest.approx(cpu)
+    assert pipe.bound == "cpu"
+    assert pipe.details["compute_stretch"] == 2.0
+    # with free cores the same cluster is the paper's eq. 5 again
+    free = predict(pr, net(cores=64, ranks_per_host=None, beta_cpu_s_per_byte=1e-9), 4)
+    assert free.predicted_s == pytest.approx(0.035)
+
+
+def test_p1_has_no_communication():
+    pr = predict(prof(), net(), 1, staleness=1, compression="quant8")
+    assert pr.predicted_s == pytest.approx(0.035)
+    assert pr.comm_s == 0 and pr.scaling_efficiency == 1.0
+
+
+@pytest.mark.parametrize("p", [0, -1, 2.5])
+def test_bad_p(p):
+    with pytest.raises(ValueError, match="p"):
+        predict(prof(), net(), p)
+
+
+def test_bad_inputs_say_what_is_wrong():
+    with pytest.raises(ValueError, match="beta"):
+        net(beta_s_per_byte=0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        net(alpha_s=-1e-6)
+    with pytest.raises(ValueError, match="forward_s"):
+        prof(forward_s=-0.1)
+    with pytest.raises(ValueError, match="gradient_bytes"):
+        prof(gradient_bytes=math.nan)
+    with pytest.raises(ValueError, match="compression"):
+        predict(prof(), net(), 2, compression="zip")
+    with pytest.raises(ValueError, match="staleness"):
+        predict(prof(), net(), 2, staleness=0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        parse_bandwidth("0Gbit")
+    with pytest.raises(ValueError, match="bandwidth"):
+        parse_bandwidth("fast")
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration("-3us")
+    with pytest.raises(ValueError, match="segments"):
+        predict(prof(), net(), 2, segments=0)
+
+
+def test_parsing():
+    assert parse_bandwidth("10Gbit") == pytest.approx(1.25e9)
+    assert parse_bandwidth("100gbit/s") == pytest.approx(12.5e9)
+    assert parse_bandwidth("200mbit") == pytest.approx(25e6)
+    assert parse_bandwidth("1.25GB/s") == pytest.approx(1.25e9)
+    assert parse_duration("20us") == pytest.approx(2e-5)
+    assert parse_duration("1.5ms") == pytest.approx(1.5e-3)
+    assert parse_duration("0") == 0.0
+    c = describe_cluster("10Gbit", "20us", cores=8)
+    assert c.beta_s_per_byte == pytest.approx(8e-10) and c.alpha_s == pytest.approx(2e-5)
+
+
+# -- choose ------------------------------------------------------------------------------
+
+def test_choose_compute_bound_pipe_time_equals_compute():
+    pr = prof()  # 35 ms compute, ~6.4 ms ring
+    ranked = choose(pr, net(), 4)
+    assert len(ranked) == 12
+    best = ranked[0]
+    assert best.config == Config(2, "none", "sequential")  # the simplest at the optimum
+    assert best.predicted_s == pytest.approx(0.035)
+    assert best.bound == "compute" and "compute" in best.reason
+    times = [r.predicted_s for r in ranked]
+    assert times[0] == min(times)
+
+
+def test_choose_communication_bound_prefers_sequential_and_compression():
+    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4, gradient_bytes=400e6)
+    ranked = choose(pr, net(), 4, segments=8)
+    best = ranked[0]
+    assert best.config.staleness == 2 and best.config.overlap == "sequential"
+    assert best.config.compression == "quant8"
+    assert best.bound == "communication"
+    by = {r.config: r.predicted_s for r in ranked}
+    # eq. 5 < eq. 6: sequential beats segmented for every mode when comm-bound
+    for mode in M.MODES:
+        assert by[Config(2, mode, "sequential")] < by[Config(2, mode, "backward")]
+    analytic = min(by.values())
+    assert best.predicted_s == analytic
+
+
+def test_choose_prefers_no_compression_when_kernels_cost_more_than_they_save():
+    # a fast link and slow kernels: compressing only adds kernel time
+    slow = {m: KernelCosts(1e-8, 1e-8, 1e-8, 1e-8) for m in ("trunc16", "quant8")}
+    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    best = choose(pr, net(beta_s_per_byte=1e-11, kernels=slow), 4)[0]
+    assert best.config.compression == "none"
+
+
+def test_prediction_json_fields():
+    d = predict(prof(), net(), 2).to_dict()
+    for key in ("staleness", "compression", "overlap", "predicted_s", "breakdown"):
+        assert key in d
+    assert set(d["breakdown"]) == set(M.BREAKDOWN_KEYS)
+
+
+def test_profile_scaled_and_round_trip(tmp_path):
+    pr = prof().scaled(10)
+    assert pr.forward_s == pytest.approx(1e-3) and pr.gradient_bytes == 4e6
+    pr.save(tmp_path / "p.json")
+    assert Profile.load(tmp_path / "p.json") == pr
+    nw = net()
+    nw.save(tmp_path / "n.json")
+    assert NetworkParams.load(tmp_path / "n.json") == nw
