@@ -35,17 +35,21 @@ CommContext::CommContext(MPI_Comm comm, const EnvConfig& config)
   int found = 0;
   PSG_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &found), -1);
   const int tag_ub = found ? *static_cast<int*>(attr) : 32767;
-  tag_period_ = std::max(1, (tag_ub - kFirstOpTag) / 2);
+  tags_per_op_ = 1 + 2 * std::max(1, size_ - 1);  // header + one per ring step
+  tag_period_ = std::max(1, (tag_ub - kFirstOpTag) / tags_per_op_);
   if (size_ > 1) post_control_receive();
 }
 
 CommContext::~CommContext() = default;
 
 int CommContext::header_tag(std::uint64_t seq) const {
-  return kFirstOpTag + 2 * static_cast<int>(seq % static_cast<std::uint64_t>(tag_period_));
+  return kFirstOpTag +
+         tags_per_op_ * static_cast<int>(seq % static_cast<std::uint64_t>(tag_period_));
 }
 
-int CommContext::data_tag(std::uint64_t seq) const { return header_tag(seq) + 1; }
+int CommContext::data_tag(std::uint64_t seq, int step) const {
+  return header_tag(seq) + 1 + step;
+}
 
 void CommContext::post_control_receive() {
   PSG_MPI_CHECK(MPI_Irecv(control_buf_.data(), kControlBytes, MPI_CHAR, MPI_ANY_SOURCE,

@@ -48,10 +48,11 @@ class CommContext {
   int size() const { return size_; }
   const EnvConfig& config() const { return config_; }
 
-  // Tags: one header and one data tag per sequence number (mod the tag range),
-  // so a failed operation's stray messages can never match a later one.
+  // Tags: per sequence number (mod the tag range) one header tag and one data
+  // tag per ring step, so a failed operation's stray messages never match a
+  // later one, and segments of different steps never match each other's receives.
   int header_tag(std::uint64_t seq) const;
-  int data_tag(std::uint64_t seq) const;
+  int data_tag(std::uint64_t seq, int step) const;
 
   // Polls until `req` completes. Throws OpFailure if a peer broadcast a failure,
   // if abort() was called, or if MPI fails. Prints a stall warning once per op.
@@ -84,6 +85,7 @@ class CommContext {
   int rank_ = 0;
   int size_ = 1;
   int tag_period_ = 1;
+  int tags_per_op_ = 3;
   EnvConfig config_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::vector<char> control_buf_;

@@ -9,6 +9,7 @@
 
 #include "allreduce/ring.h"
 #include "mpi_check.h"
+#include "transport.h"
 
 namespace pipesgd {
 namespace {
@@ -43,6 +44,10 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes) : config_(read_env_conf
   }
   MPI_Comm dup = MPI_COMM_NULL;
   PSG_MPI_CHECK(MPI_Comm_dup(comm, &dup), -1);
+  if (config_.segment_bytes == 0) {
+    config_.segment_bytes = ring_neighbours_share_memory(dup) ? kSharedMemorySegmentBytes
+                                                              : kNetworkSegmentBytes;
+  }
   ctx_ = std::make_unique<CommContext>(dup, config_);
   rank_ = ctx_->rank();
   size_ = ctx_->size();

@@ -24,7 +24,7 @@ double env_double(const char* name, double fallback, double min_value) {
 EnvConfig read_env_config() {
   EnvConfig c;
   c.segment_bytes = static_cast<std::size_t>(
-      env_double("PIPESGD_SEGMENT_BYTES", static_cast<double>(c.segment_bytes), 64));
+      env_double("PIPESGD_SEGMENT_BYTES", static_cast<double>(c.segment_bytes), 0));
   c.window = static_cast<int>(env_double("PIPESGD_RING_WINDOW", c.window, 1));
   c.poll_us = static_cast<int>(env_double("PIPESGD_POLL_US", c.poll_us, 0));
   c.spin_us = static_cast<int>(env_double("PIPESGD_SPIN_US", c.spin_us, 0));

@@ -6,10 +6,11 @@
 namespace pipesgd {
 
 struct EnvConfig {
-  // Bytes of one ring segment: the unit of overlap between transfer and reduction.
-  std::size_t segment_bytes = 256 * 1024;
+  // Bytes of one ring segment: the unit of overlap between transfer and
+  // reduction. 0: chosen per transport (see transport.h).
+  std::size_t segment_bytes = 0;
   // Receives kept posted ahead of the one being reduced (2 = double buffering).
-  int window = 4;
+  int window = 8;
   // While MPI has work in flight the comm thread tests, then sleeps this long:
   // spinning in MPI_Wait* steals the compute thread's core when ranks share cores.
   int poll_us = 50;

@@ -52,27 +52,30 @@ struct Header {
   std::int32_t op;
   std::int32_t compression;
   std::int32_t rank;
+  std::uint64_t segment_elems;  // ranks must cut segments alike (PIPESGD_SEGMENT_BYTES)
 };
 
-Header make_header(const Operation& op, int rank) {
+Header make_header(const Operation& op, int rank, std::size_t segment_elems) {
   return Header{kHeaderMagic,
                 op.seq,
                 op.count,
                 static_cast<std::int32_t>(op.dtype),
                 static_cast<std::int32_t>(op.op),
                 static_cast<std::int32_t>(op.compression),
-                rank};
+                rank,
+                segment_elems};
 }
 
 std::string header_shape(const Header& h) {
   return std::to_string(h.count) + " x " + dtype_name(static_cast<DType>(h.dtype)) + " (op " +
          reduce_op_name(static_cast<ReduceOp>(h.op)) + ", compression " +
-         compression_name(static_cast<Compression>(h.compression)) + ")";
+         compression_name(static_cast<Compression>(h.compression)) + ", segments of " +
+         std::to_string(h.segment_elems) + " elements)";
 }
 
 bool headers_match(const Header& a, const Header& b) {
   return a.magic == b.magic && a.seq == b.seq && a.count == b.count && a.dtype == b.dtype &&
-         a.op == b.op && a.compression == b.compression;
+         a.op == b.op && a.compression == b.compression && a.segment_elems == b.segment_elems;
 }
 
 constexpr std::size_t kAlign = 64;
@@ -98,7 +101,6 @@ class RingRun {
         elem_(dtype_size(op.dtype)),
         codec_(make_wire_codec(op.compression)),
         layout_(op.count, p_, rank_, std::max<std::size_t>(1, ctx.config().segment_bytes / elem_)),
-        tag_(ctx.data_tag(op.seq)),
         window_(std::max(1, ctx.config().window)) {}
 
   void run() {
@@ -154,7 +156,7 @@ class RingRun {
   }
 
   void exchange_headers_and_start() {
-    mine_ = make_header(op_, rank_);
+    mine_ = make_header(op_, rank_, layout_.max_segment_elems());
     PSG_MPI_CHECK(MPI_Irecv(&theirs_, sizeof(Header), MPI_BYTE, left_, ctx_.header_tag(op_.seq),
                             ctx_.comm(), &header_recv_),
                   left_);
@@ -166,18 +168,10 @@ class RingRun {
     for (int c = 0; c < p_; ++c) {
       rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);
     }
-    // Step 0 sends this rank's own data; they need nothing from anyone.
-    const int c0 = layout_.send_chunk(0);
-    for (std::size_t s = 0; s < layout_.segments(c0); ++s) {
-      const std::size_t off = layout_.segment_begin(c0, s);
-      const std::size_t n = layout_.segment_len(c0, s);
-      if (codec_) {
-        codec_->encode(local_f32(off), n, area(c0, s));
-        post_send(area(c0, s), codec_->wire_bytes(n), &rs_send_[static_cast<std::size_t>(c0)][s]);
-      } else {
-        post_send(local(off), n * elem_, &rs_send_[static_cast<std::size_t>(c0)][s]);
-      }
-    }
+    // Step 0 sends this rank's own data; they need nothing from anyone, but
+    // are released gradually (post_first_step_sends) so the right neighbour is
+    // never flooded with segments it has not posted receives for yet.
+    post_first_step_sends(static_cast<std::size_t>(window_));
     ctx_.wait(header_recv_, op_, left_, "waiting for the operation header");
     if (!headers_match(mine_, theirs_)) {
       const std::string message =
@@ -191,8 +185,35 @@ class RingRun {
     }
   }
 
-  void post_send(const void* buf, std::size_t bytes, MPI_Request* req) {
-    PSG_MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, right_, tag_, ctx_.comm(), req),
+  // Posts the step-0 sends of segments [first_step_posted_, limit). Eagerly sent
+  // segments that arrive before their receive is posted queue up inside MPI as
+  // unexpected messages (copied, and matched by a linear search), which made a
+  // 64 MiB allreduce in 32 KiB segments 10x slower. Each rank releases its step-0
+  // segment s only once it is about to process its own unit s - window; ranks run
+  // in near lockstep, so the neighbour has that receive posted by then.
+  void post_first_step_sends(std::size_t limit) {
+    const int c0 = layout_.send_chunk(0);
+    const std::size_t nseg = layout_.segments(c0);
+    for (; first_step_posted_ < nseg && first_step_posted_ < limit; ++first_step_posted_) {
+      const std::size_t s = first_step_posted_;
+      const std::size_t off = layout_.segment_begin(c0, s);
+      const std::size_t n = layout_.segment_len(c0, s);
+      MPI_Request* req = &rs_send_[static_cast<std::size_t>(c0)][s];
+      if (codec_) {
+        codec_->encode(local_f32(off), n, area(c0, s));
+        post_send(0, area(c0, s), codec_->wire_bytes(n), req);
+      } else {
+        post_send(0, local(off), n * elem_, req);
+      }
+    }
+  }
+
+  // Within a step, segments are sent and received in increasing order, and
+  // MPI keeps messages of one (source, tag) in order, so the n-th receive of a
+  // step matches the n-th send of that step.
+  void post_send(int step, const void* buf, std::size_t bytes, MPI_Request* req) {
+    PSG_MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, right_,
+                            ctx_.data_tag(op_.seq, step), ctx_.comm(), req),
                   right_);
   }
 
@@ -204,8 +225,10 @@ class RingRun {
     }
     recvs_.assign(static_cast<std::size_t>(window_), MPI_REQUEST_NULL);
     std::size_t posted = 0;
+    const std::size_t window = static_cast<std::size_t>(window_);
     for (std::size_t u = 0; u < units.size(); ++u) {
-      while (posted < units.size() && posted < u + static_cast<std::size_t>(window_)) {
+      post_first_step_sends(u + window + 1);
+      while (posted < units.size() && posted < u + window) {
         post_receive(units[posted], posted);
         ++posted;
       }
@@ -214,6 +237,7 @@ class RingRun {
       ctx_.wait(recvs_[u % recvs_.size()], op_, left_, rs ? "reduce-scatter" : "allgather");
       process(unit, slot(u));
     }
+    post_first_step_sends(SIZE_MAX);  // a rank with nothing to receive still sends
   }
 
   unsigned char* slot(std::size_t u) const {
@@ -232,7 +256,8 @@ class RingRun {
       ctx_.wait(earlier, op_, right_, "reduce-scatter send before allgather overwrite");
       dst = codec_ ? area(unit.chunk, unit.seg) : local(off);
     }
-    PSG_MPI_CHECK(MPI_Irecv(dst, static_cast<int>(wire_n), MPI_BYTE, left_, tag_, ctx_.comm(),
+    PSG_MPI_CHECK(MPI_Irecv(dst, static_cast<int>(wire_n), MPI_BYTE, left_,
+                            ctx_.data_tag(op_.seq, unit.step), ctx_.comm(),
                             &recvs_[u % recvs_.size()]),
                   left_);
   }
@@ -260,7 +285,7 @@ class RingRun {
         add_into(op_.dtype, local(off), received, n);
         if (final_rs && average) divide_by(op_.dtype, local(off), n, p_);
       }
-      if (forward) post_send(local(off), n * elem_, next_req);
+      if (forward) post_send(unit.step + 1, local(off), n * elem_, next_req);
       return;
     }
     unsigned char* out = area(c, s);
@@ -275,7 +300,7 @@ class RingRun {
       codec_->decode(out, n, local_f32(off));
       if (average) divide_by(DType::kFloat32, local(off), n, p_);
     }
-    if (forward) post_send(out, codec_->wire_bytes(n), next_req);
+    if (forward) post_send(unit.step + 1, out, codec_->wire_bytes(n), next_req);
   }
 
   CommContext& ctx_;
@@ -288,7 +313,6 @@ class RingRun {
   const std::size_t elem_;
   std::unique_ptr<WireCodec> codec_;
   RingLayout layout_;
-  const int tag_;
   const int window_;
 
   Header mine_{};
@@ -298,6 +322,7 @@ class RingRun {
   std::vector<MPI_Request> recvs_;
   std::vector<std::vector<MPI_Request>> rs_send_;  // [chunk][segment], reduce-scatter sends
   std::vector<MPI_Request> sends_;                 // allgather sends
+  std::size_t first_step_posted_ = 0;
   std::vector<std::vector<std::size_t>> area_offset_;
   unsigned char* slots_ = nullptr;
   std::size_t slot_stride_ = 0;

@@ -1,0 +1,24 @@
+// What the ring's links are made of, to pick a segment size that suits them.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+
+namespace pipesgd {
+
+// Segment sizes per transport. Shared memory moves big segments fastest (each
+// message pays a rendezvous). Over TCP, Open MPI sends messages up to its
+// 64 KiB eager limit (header included) at once, but a larger one waits for a
+// clear-to-send that queues behind the data flowing the other way on the same
+// connection, which halved a 2-rank ring's throughput on emulated 1 Gbit/s
+// links; 60 KiB segments stay eager (bench/allreduce.py --netem).
+constexpr std::size_t kSharedMemorySegmentBytes = 256 * 1024;
+constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
+
+// True when this rank's ring neighbours are on its node and MPI may use shared
+// memory to reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network
+// emulator does). Collective over `comm`.
+bool ring_neighbours_share_memory(MPI_Comm comm);
+
+}  // namespace pipesgd

@@ -1,0 +1,171 @@
+"""Tests for bench/netem.py: byte counts, per-link rate caps (switch, not hub), and cleanup.
+
+The network tests need root and `ip netns`; they are skipped with the reason otherwise.
+Each moves 8 MiB at 200 Mbit/s (0.34 s per link direction), so the module takes ~20 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mpirun import ROOT, SCRIPTS, mpi_env
+
+
+def _load_netem():
+    spec = importlib.util.spec_from_file_location("netem", ROOT / "bench" / "netem.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["netem"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+netem = _load_netem()
+
+RATE = "200mbit"
+RATE_BPS = 200_000_000
+NBYTES = 8 << 20
+PROBE = str(SCRIPTS / "netem_probe.py")
+OVERHEAD = 1.05  # headers and MPI's own messages on top of the payload
+
+needs_netns = pytest.mark.skipif(
+    (reason := netem.unavailable_reason()) is not None, reason=reason or ""
+)
+
+
+def _probe(net, pattern: str, nbytes: int = NBYTES):
+    run = net.run(
+        [sys.executable, PROBE, pattern, str(nbytes)],
+        capture_output=True,
+        timeout=60,
+        env=mpi_env(),
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, f"{pattern} failed:\n{run.output}\n{run.format_table()}"
+    lines = [line for line in run.output.splitlines() if line.startswith("{")]
+    assert lines, f"no result line from the probe:\n{run.output}"
+    return run, json.loads(lines[-1])["seconds"]
+
+
+def _assert_bytes(actual: int, expected: int, what: str, run) -> None:
+    assert expected <= actual <= expected * OVERHEAD, (
+        f"{what}: link counted {actual:,} B, expected {expected:,}..{int(expected * OVERHEAD):,}"
+        f"\n{run.format_table()}"
+    )
+
+
+def _own_namespaces(net_name: str) -> list[str]:
+    return [name for name in netem.list_namespaces() if name.startswith(f"{net_name}-")]
+
+
+@pytest.fixture(scope="module")
+def net3():
+    with netem.emulated_network(np=3, rate=RATE) as net:
+        yield net
+    assert not _own_namespaces(net.name), "namespaces left after the network was closed"
+
+
+# -- parsing (no root needed) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "bits"),
+    [("1gbit", 10**9), ("200mbit", 2 * 10**8), ("10Gbit", 10**10), ("1.5Mbit/s", 1_500_000)],
+)
+def test_parse_rate(text: str, bits: int) -> None:
+    assert netem.parse_rate(text) == bits
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("0", 0.0), ("20us", 20e-6), ("1ms", 1e-3)])
+def test_parse_latency(text: str, seconds: float) -> None:
+    assert netem.parse_latency(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["1gbps", "fast", "100"])
+def test_parse_rate_rejects_with_example(text: str) -> None:
+    with pytest.raises(ValueError, match="--rate 1gbit"):
+        netem.parse_rate(text)
+
+
+def test_not_root_exits_77(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(netem.os, "geteuid", lambda: 1000)
+    assert netem.main(["--", "true"]) == netem.EXIT_UNAVAILABLE
+    assert "needs root" in capsys.readouterr().err
+
+
+# -- the emulated network -----------------------------------------------------------------------
+
+
+@needs_netns
+def test_ring_moves_expected_bytes_at_link_rate(net3) -> None:
+    """Every rank sends and receives NBYTES at once, each on its own links: one link time."""
+    run, seconds = _probe(net3, "ring")
+    for link in run.links:
+        _assert_bytes(link.tx_bytes, NBYTES, f"rank {link.rank} sent", run)
+        _assert_bytes(link.rx_bytes, NBYTES, f"rank {link.rank} received", run)
+    bound = NBYTES * 8 / RATE_BPS
+    assert seconds >= 0.9 * bound, f"ring took {seconds:.3f} s, faster than the cap allows"
+    # A hub (one shared medium) would need 3 link times for the 3 transfers.
+    assert seconds < 2 * bound, f"ring took {seconds:.3f} s for a {bound:.3f} s bound: not a switch"
+
+
+@needs_netns
+def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
+    run, seconds = _probe(net3, "fanout")
+    _assert_bytes(run.links[0].tx_bytes, 2 * NBYTES, "rank 0 sent", run)
+    _assert_bytes(run.links[1].rx_bytes, NBYTES, "rank 1 received", run)
+    _assert_bytes(run.links[2].rx_bytes, NBYTES, "rank 2 received", run)
+    bound = 2 * NBYTES * 8 / RATE_BPS
+    assert seconds >= 0.9 * bound, (
+        f"fan-out took {seconds:.3f} s; rank 0's uplink needs {bound:.3f} s for both sends"
+    )
+
+
+@needs_netns
+def test_failing_command_leaves_nothing() -> None:
+    with netem.emulated_network(np=2, rate=RATE) as net:
+        assert len(_own_namespaces(net.name)) == 3  # two ranks and the switch
+        run = net.run([sys.executable, PROBE, "fail", "0"], capture_output=True, timeout=60)
+        assert run.returncode != 0, run.output
+    assert not _own_namespaces(net.name)
+
+
+@needs_netns
+def test_exception_inside_network_leaves_nothing() -> None:
+    with pytest.raises(RuntimeError, match="boom"), netem.emulated_network(np=2) as net:
+        raise RuntimeError("boom")
+    assert not _own_namespaces(net.name)
+
+
+@needs_netns
+def test_cli_returns_command_status_and_cleans_up() -> None:
+    before = set(netem.list_namespaces())
+    proc = subprocess.run(
+        [
+            sys.executable, str(ROOT / "bench" / "netem.py"), "--np", "2", "--rate", RATE,
+            "--", sys.executable, PROBE, "fail", "0",
+        ],
+        capture_output=True, text=True, timeout=60, env=mpi_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "sent bytes" in proc.stderr, "no per-rank byte table printed"
+    assert set(netem.list_namespaces()) <= before
+
+
+@needs_netns
+def test_latency_without_sch_netem_fails_clearly_and_cleans_up() -> None:
+    before = set(netem.list_namespaces())
+    try:
+        with netem.emulated_network(np=2, rate=RATE, latency="1ms") as net:
+            assert len(_own_namespaces(net.name)) == 3
+    except netem.NetemError as exc:  # kernels built without CONFIG_NET_SCH_NETEM
+        assert "--latency 0" in str(exc)
+    assert set(netem.list_namespaces()) <= before
+
+
+def test_probe_script_exists() -> None:
+    assert Path(PROBE).is_file()
