@@ -78,7 +78,8 @@ class Engine:
 
     Args:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
-        segment_bytes: bytes per ring segment (default `PIPESGD_SEGMENT_BYTES`, 256 KiB).
+        segment_bytes: bytes per ring segment, the same on every rank (default
+            `PIPESGD_SEGMENT_BYTES`, else 256 KiB on shared memory and 60 KiB over a network).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> None:
