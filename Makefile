@@ -40,13 +40,17 @@ build: $(STAMP)
 	flock build/.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
 demo: build
-	$(MPIRUN) -n $(NP) $(PY) bench/allreduce.py --sizes 64KiB,1MiB,8MiB --repeat 5
+	$(MPIRUN) -n $(NP) $(BIN)/pipesgd train --model mlp --data digits --epochs 10 --batch-size 64 \
+	    --optimizer adam --lr 0.001 --compare dsync,pipesgd+q
 
 test: build
 	$(PY) -m pytest -q tests
 
 bench: build
 	for p in 2 4; do $(MPIRUN) -n $$p $(PY) bench/allreduce.py || exit 1; done
+	$(PY) bench/kernels.py
+	$(MPIRUN) -n 2 $(PY) bench/train.py
+	$(MPIRUN) -n 2 $(PY) bench/pipeline.py --micro-batches 48
 
 lint: $(STAMP)
 	$(BIN)/ruff check pipesgd tests bench setup.py

@@ -4,6 +4,9 @@ The compiled engine runs a ring-AllReduce on its own communication thread:
 hand it a buffer, keep computing, wait on the handle when you need the sum.
 """
 
+# Training API (imports torch): the delayed-gradient optimizer and its helpers.
+from pipesgd import hooks
+from pipesgd.broadcast import broadcast_optimizer_state, broadcast_parameters
 from pipesgd.engine import (
     Engine,
     Handle,
@@ -17,17 +20,22 @@ from pipesgd.engine import (
     size,
 )
 from pipesgd.errors import CollectiveMismatchError, PipesgdError
+from pipesgd.optim import DistributedOptimizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CollectiveMismatchError",
+    "DistributedOptimizer",
     "Engine",
     "Handle",
     "PipesgdError",
     "allreduce",
     "allreduce_async",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
     "default_engine",
+    "hooks",
     "init",
     "is_initialized",
     "rank",

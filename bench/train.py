@@ -1,0 +1,243 @@
+"""Training benchmark: DDP, PS-Sync, D-Sync(+T/+Q) and Pipe-SGD(+T/+Q) on the MLP and the CNN.
+
+A plain mpirun program (prints a table, writes bench/results/train_p{P}[_tag].json and a
+PNG of test accuracy against wall-clock time per configuration):
+
+    mpirun -n 2 python bench/train.py
+    mpirun -n 2 python bench/train.py --models mlp --configs ddp,dsync,pipesgd+q --epochs 5
+
+Over emulated 1 Gbit/s per-rank links (root; see bench/netem.py):
+
+    python bench/netem.py --np 2 --rate 1gbit -- python bench/train.py --tag netem_1gbit
+
+Configurations (paper §4): DDP = torch DistributedDataParallel over gloo (default 25 MB
+buckets unless --ddp-bucket-mb); PS-Sync = synchronous parameter server on rank 0 (MPI
+Gather of gradients, update on rank 0, Bcast of parameters); D-Sync = pipesgd with
+K = 1; Pipe-SGD = K = 2; +T / +Q = trunc16 / quant8 compression. Every configuration
+trains the same model from the same seed on the same shards of scikit-learn's digits.
+Times are medians over iterations after warm-up, from rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from mpi4py import MPI
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, link_rate_bps, print_table, write_json
+
+import pipesgd
+from pipesgd.optim import StepTiming
+from pipesgd.train import loop
+
+PIPESGD_CONFIGS = {
+    "dsync": (1, "none"),
+    "dsync+t": (1, "trunc16"),
+    "dsync+q": (1, "quant8"),
+    "pipesgd": (2, "none"),
+    "pipesgd+t": (2, "trunc16"),
+    "pipesgd+q": (2, "quant8"),
+}
+CONFIGS = ("ddp", "ps-sync", *PIPESGD_CONFIGS)
+BATCH = {"mlp": 64, "cnn": 32}
+EPOCHS = {"mlp": 10, "cnn": 3}
+
+
+class LocalStep:
+    """DDP: gradients are averaged inside backward; step() only updates."""
+
+    def __init__(self, inner: torch.optim.Optimizer) -> None:
+        self.inner, self.timing = inner, StepTiming()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        begin = time.perf_counter()
+        self.inner.step()
+        self.timing = StepTiming(0.0, 0.0, time.perf_counter() - begin)
+
+    def synchronize(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+class ParameterServer(LocalStep):
+    """PS-Sync: rank 0 gathers every gradient, averages, updates, broadcasts parameters."""
+
+    def __init__(self, model: nn.Module, inner: torch.optim.Optimizer, comm: MPI.Comm) -> None:
+        super().__init__(inner)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.comm = comm
+        n = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(n)
+        self.gathered = torch.zeros(comm.size, n) if comm.rank == 0 else None
+
+    def _copy(self, tensors: list[torch.Tensor], into_flat: bool) -> None:
+        offset = 0
+        for t in tensors:
+            view = self.flat[offset : offset + t.numel()].view_as(t)
+            (view.copy_(t) if into_flat else t.copy_(view))
+            offset += t.numel()
+
+    def step(self) -> None:
+        begin = time.perf_counter()
+        self._copy([p.grad for p in self.params], into_flat=True)
+        sent = time.perf_counter()
+        self.comm.Gather(self.flat.numpy(), None if self.gathered is None
+                         else self.gathered.numpy(), root=0)
+        gathered = time.perf_counter()
+        if self.comm.rank == 0:
+            torch.mean(self.gathered, dim=0, out=self.flat)
+            with torch.no_grad():
+                self._copy([p.grad for p in self.params], into_flat=False)
+                self.inner.step()
+                self._copy([p.detach() for p in self.params], into_flat=True)
+        updated = time.perf_counter()
+        self.comm.Bcast(self.flat.numpy(), root=0)
+        received = time.perf_counter()
+        with torch.no_grad():
+            self._copy([p.detach() for p in self.params], into_flat=False)
+        end = time.perf_counter()
+        self.timing = StepTiming(
+            sent - begin, (gathered - sent) + (received - updated),
+            (updated - gathered) + (end - received),
+        )
+
+
+def init_gloo(comm: MPI.Comm) -> None:
+    """torch.distributed over gloo on the MPI ranks (address/port from bench/netem.py if set)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        port = None
+        if comm.rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        os.environ["MASTER_PORT"] = str(comm.bcast(port))
+    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+
+
+def synchronizer_for(name: str, comm: MPI.Comm, ddp_bucket_mb: float) -> loop.SynchronizerFactory:
+    if name == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        def ddp(model, inner, config):
+            return DistributedDataParallel(model, bucket_cap_mb=ddp_bucket_mb), LocalStep(inner)
+
+        return ddp
+    if name == "ps-sync":
+        return lambda model, inner, config: (model, ParameterServer(model, inner, comm))
+    return loop.pipesgd_synchronizer
+
+
+def plot(results: list[dict[str, Any]], path: Path, where: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["config"]["model"] for r in results})
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for r in results:
+            if r["config"]["model"] != model:
+                continue
+            xs = [0.0] + [h["wall_s"] for h in r["history"]]
+            ys = [0.1] + [100 * h["accuracy"] for h in r["history"]]
+            ax.plot(xs, ys, marker="o", markersize=3, label=r["config"]["name"])
+        ax.set_title(f"{model.upper()} on digits, {where}")
+        ax.set_xlabel("wall-clock training time (s)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"from {', '.join(CONFIGS)}")
+    ap.add_argument("--epochs", type=int, help="per model (default: mlp 10, cnn 3)")
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.5)
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="pipesgd bucket size")
+    ap.add_argument("--ddp-bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    ap.add_argument("--tag", default="", help="suffix for the result file names")
+    args = ap.parse_args()
+    configs = [c.strip() for c in args.configs.split(",")]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configuration(s) {unknown}: choose from {CONFIGS}")
+
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    pipesgd.init(comm)
+    if "ddp" in configs:
+        init_gloo(comm)
+    rate = link_rate_bps()
+    where = f"p={comm.size}, " + (f"{rate / 1e9:g} Gbit/s links" if rate else "shared memory")
+    results = []
+    for model in args.models.split(","):
+        for name in configs:
+            staleness, compression = PIPESGD_CONFIGS.get(name, (1, "none"))
+            config = loop.TrainConfig(
+                model=model, data="digits", epochs=args.epochs or EPOCHS[model],
+                batch_size=BATCH[model], lr=args.lr, momentum=args.momentum,
+                staleness=staleness, compression=compression, bucket_mb=args.bucket_mb,
+                name=name,
+            )
+            comm.Barrier()
+            result = loop.run(config, comm, synchronizer_for(name, comm, args.ddp_bucket_mb),
+                              progress=False, log=lambda *_: None)
+            results.append(result)
+            if comm.rank == 0:
+                print(f"{model} {name}: {1000 * result.iteration_time_s:.2f} ms/iteration, "
+                      f"accuracy {100 * result.final_accuracy:.2f}%", flush=True)
+    if comm.rank == 0:
+        rows = []
+        for r in results:
+            c = r.config
+            ddp = next((x for x in results if x.config.model == c.model
+                        and x.config.name == "ddp"), None)
+            rows.append({
+                "model": c.model, "configuration": c.name,
+                "iter ms": 1000 * r.iteration_time_s, "compute ms": 1000 * r.compute_s,
+                "update ms": 1000 * r.update_s, "comm wait ms": 1000 * r.comm_wait_s,
+                "speed-up vs DDP": ddp.iteration_time_s / r.iteration_time_s if ddp else None,
+                "epochs": len(r.history), "wall s": r.wall_time_s,
+                "accuracy %": 100 * r.final_accuracy,
+            })
+        print_table(rows, f"Training, {where} (median per iteration, rank 0)")
+        payload = {"ranks": comm.size, "link_rate_bps": rate, "rows": rows,
+                   "runs": [dataclasses.asdict(r) for r in results]}
+        suffix = f"_{args.tag}" if args.tag else ""
+        path = write_json(f"train_p{comm.size}{suffix}.json", payload)
+        plot(payload["runs"], RESULTS / f"train_p{comm.size}{suffix}.png", where)
+        print(f"wrote {path} and {path.with_suffix('.png')}")
+    pipesgd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Flat gradient buckets: a fixed layout of parameters into flat buffers, reused every step.
+
+A `BucketLayout` assigns each parameter (by position in the list it was built from) to a
+bucket and an offset. Buckets hold one dtype each and close once they reach
+`bucket_bytes`; they are filled in reverse parameter order, which is roughly the order in
+which backward produces gradients, so the first bucket is the first one ready.
+
+`GradientBuckets` owns `sets` copies of every bucket's flat buffer, allocated once. A
+caller packs the parameters' gradients into set `s`, submits bucket by bucket to an
+engine, and later unpacks the reduced buffers back into the gradients. Nothing here knows
+about staleness or optimizers: the data-parallel optimizer, the DDP hook and replicated
+pipeline stages all use it the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pipesgd.engine import Engine, Handle
+
+
+@dataclass(frozen=True)
+class BucketSlot:
+    """Where one parameter's gradient lives in its bucket.
+
+    Attributes:
+        param: index of the parameter in the list the layout was built from.
+        offset: first element of the gradient in the bucket's flat buffer.
+        numel: number of elements.
+    """
+
+    param: int
+    offset: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One flat buffer's worth of gradients, all of one dtype."""
+
+    dtype: torch.dtype
+    numel: int
+    slots: tuple[BucketSlot, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class BucketLayout:
+    """The assignment of parameters to buckets; identical on every rank for equal inputs."""
+
+    buckets: tuple[Bucket, ...]
+    bucket_of: tuple[int, ...]  # parameter index -> bucket index
+
+    @classmethod
+    def build(cls, params: Sequence[Tensor], bucket_bytes: int) -> BucketLayout:
+        """Assign `params` to buckets of about `bucket_bytes` bytes each.
+
+        Args:
+            params: parameters (or any tensors shaped like their gradients).
+            bucket_bytes: a bucket closes once it holds at least this many bytes; a
+                single larger parameter gets a bucket of its own.
+
+        Raises:
+            ValueError: `bucket_bytes` is not positive.
+        """
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
+        buckets: list[Bucket] = []
+        bucket_of = [0] * len(params)
+        open_: dict[torch.dtype, list[BucketSlot]] = {}
+        sizes: dict[torch.dtype, int] = {}
+
+        def close(dtype: torch.dtype) -> None:
+            slots = open_.pop(dtype)
+            for slot in slots:
+                bucket_of[slot.param] = len(buckets)
+            buckets.append(Bucket(dtype, sizes.pop(dtype), tuple(slots)))
+
+        for index in reversed(range(len(params))):
+            p = params[index]
+            slots = open_.setdefault(p.dtype, [])
+            offset = sizes.get(p.dtype, 0)
+            slots.append(BucketSlot(index, offset, p.numel()))
+            sizes[p.dtype] = offset + p.numel()
+            if sizes[p.dtype] * p.element_size() >= bucket_bytes:
+                close(p.dtype)
+        for dtype in list(open_):
+            close(dtype)
+        return cls(tuple(buckets), tuple(bucket_of))
+
+    def describe(self) -> str:
+        """A short text that differs whenever two layouts differ (for error messages)."""
+        return ", ".join(
+            f"[{str(b.dtype).removeprefix('torch.')} x{b.numel}: {len(b.slots)} tensors]"
+            for b in self.buckets
+        )
+
+    def digest(self) -> str:
+        text = ";".join(
+            f"{b.dtype}:" + ",".join(f"{s.param}@{s.offset}+{s.numel}" for s in b.slots)
+            for b in self.buckets
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class GradientBuckets:
+    """`sets` preallocated copies of every bucket of a layout, and the copies in and out.
+
+    Args:
+        params: the parameters whose `.grad` is packed and unpacked, in layout order.
+        bucket_bytes: target bucket size in bytes (see `BucketLayout.build`).
+        sets: how many independent copies of the buckets to keep (one per gradient in
+            flight at once).
+
+    Raises:
+        ValueError: `sets` < 1 or `bucket_bytes` <= 0.
+    """
+
+    def __init__(self, params: Sequence[Tensor], bucket_bytes: int, sets: int = 1) -> None:
+        if sets < 1:
+            raise ValueError(f"need at least one set of buckets, got sets={sets}")
+        self.params = list(params)
+        self.layout = BucketLayout.build(self.params, bucket_bytes)
+        self.buffers: list[list[Tensor]] = [
+            [torch.zeros(b.numel, dtype=b.dtype) for b in self.layout.buckets]
+            for _ in range(sets)
+        ]
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.layout.buckets)
+
+    @property
+    def num_sets(self) -> int:
+        return len(self.buffers)
+
+    def views(self, set_index: int, bucket: int) -> list[tuple[int, Tensor]]:
+        """(parameter index, view of its gradient's place in the flat buffer) pairs."""
+        flat = self.buffers[set_index][bucket]
+        return [
+            (s.param, flat[s.offset : s.offset + s.numel].view(self.params[s.param].shape))
+            for s in self.layout.buckets[bucket].slots
+        ]
+
+    def missing_grads(self, bucket: int | None = None) -> list[int]:
+        """Indices of parameters (of one bucket, or all) whose `.grad` is None."""
+        if bucket is None:
+            return [i for i, p in enumerate(self.params) if p.grad is None]
+        return [
+            s.param for s in self.layout.buckets[bucket].slots if self.params[s.param].grad is None
+        ]
+
+    def pack(self, set_index: int, bucket: int) -> Tensor:
+        """Copy the bucket's parameters' gradients into its flat buffer; return the buffer.
+
+        Raises:
+            ValueError: a parameter of the bucket has no gradient.
+        """
+        for param, view in self.views(set_index, bucket):
+            grad = self.params[param].grad
+            if grad is None:
+                raise ValueError(f"parameter {param} has no gradient to pack")
+            view.copy_(grad)
+        return self.buffers[set_index][bucket]
+
+    def unpack(self, set_index: int, bucket: int) -> None:
+        """Copy the bucket's flat buffer into its parameters' gradients (allocated if None)."""
+        for param, view in self.views(set_index, bucket):
+            p = self.params[param]
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+
+    def submit(
+        self,
+        engine: Engine,
+        set_index: int,
+        bucket: int,
+        *,
+        op: str = "average",
+        compression: str = "none",
+    ) -> Handle:
+        """Queue the in-place allreduce of one bucket's flat buffer on `engine`."""
+        return engine.allreduce_async(
+            self.buffers[set_index][bucket], op=op, compression=compression
+        )

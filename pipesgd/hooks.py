@@ -1,0 +1,122 @@
+"""A DDP communication hook running Pipe-SGD on the pipesgd engine.
+
+For users who keep `torch.nn.parallel.DistributedDataParallel`::
+
+    state = pipesgd.hooks.PipeSGDState(staleness=2, compression="quant8")
+    ddp.register_comm_hook(state, pipesgd.hooks.pipe_sgd_hook)
+    ...
+    loss.backward()
+    if state.has_update:      # False for the K - 1 iterations while the pipe fills
+        optimizer.step()
+
+Iteration 0 is synchronous: DDP rebuilds its buckets after the first iteration, so a
+gradient bucketed before the rebuild could not be handed back to a bucket after it.
+From iteration 1 on, bucket i of iteration t is submitted and the future returns bucket
+i of iteration t - K + 1 (all zeros, with `has_update` False, while there is none yet).
+This is `DistributedOptimizer(..., warmup_steps=1)` exactly.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from pipesgd.buffers import COMPRESSIONS
+from pipesgd.engine import Engine, Handle
+from pipesgd.engine import init as init_default_engine
+from pipesgd.errors import PipesgdError
+
+
+class PipeSGDState:
+    """State of `pipe_sgd_hook`, one per DDP model.
+
+    Args:
+        engine: engine to reduce on (default: `pipesgd.init()`, over COMM_WORLD, which
+            must hold the same ranks as DDP's process group).
+        staleness: K >= 1; 1 = synchronous.
+        compression: "none", "trunc16" or "quant8".
+
+    Raises:
+        ValueError: staleness < 1 or unknown compression.
+    """
+
+    __slots__ = (
+        "buffers",  # bucket index -> K flat buffers, reused round-robin
+        "compression",  # engine compression of every bucket
+        "engine",  # the pipesgd engine the buckets are reduced on
+        "has_update",  # did the last finished iteration hand back an aggregated gradient?
+        "inflight",  # bucket index -> (apply iteration, buffer, handle), oldest first
+        "iteration",  # DDP iterations completed (backward passes seen)
+        "staleness",  # K
+    )
+
+    def __init__(self, engine: Engine | None = None, staleness: int = 2,
+                 compression: str = "none") -> None:
+        if not isinstance(staleness, int) or staleness < 1:
+            raise ValueError(f"staleness must be an integer >= 1 (1 = synchronous), "
+                             f"got {staleness!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
+        self.engine = init_default_engine() if engine is None else engine
+        self.staleness = staleness
+        self.compression = compression
+        self.iteration = 0
+        self.has_update = True
+        self.buffers: dict[int, list[Tensor]] = {}
+        self.inflight: dict[int, deque[tuple[int, Tensor, Handle]]] = {}
+
+    def synchronize(self) -> None:
+        """Wait for every submitted bucket (e.g. before checkpointing or exiting)."""
+        for queue in self.inflight.values():
+            for _, _, handle in queue:
+                handle.wait()
+
+    def _buffers_for(self, index: int, grad: Tensor) -> list[Tensor]:
+        buffers = self.buffers.get(index)
+        if buffers is None or buffers[0].numel() != grad.numel():
+            if self.inflight.get(index):
+                raise PipesgdError(
+                    f"DDP bucket {index} changed size from {buffers[0].numel()} to "
+                    f"{grad.numel()} elements while its gradients were in flight (DDP rebuilt "
+                    "its buckets after iteration 0): construct DDP with static_graph=False "
+                    "and the same bucket_cap_mb on every rank"
+                )
+            buffers = [torch.empty_like(grad) for _ in range(self.staleness)]
+            self.buffers[index] = buffers
+        return buffers
+
+
+def pipe_sgd_hook(
+    state: PipeSGDState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average `bucket` over ranks on the pipesgd engine; return the result due now.
+
+    Iteration 0 waits for its own average. Later iterations submit theirs and return the
+    average of K - 1 iterations earlier (zeros while the pipe fills).
+    """
+    grad, index, t = bucket.buffer(), bucket.index(), state.iteration
+    if t == 0:
+        state.engine.allreduce(grad, compression=state.compression)
+        state.has_update = True
+    else:
+        buffers = state._buffers_for(index, grad)
+        slot = buffers[t % state.staleness]
+        slot.copy_(grad)
+        queue = state.inflight.setdefault(index, deque())
+        queue.append((t + state.staleness - 1, slot, state.engine.allreduce_async(
+            slot, compression=state.compression)))
+        if queue[0][0] == t:
+            _, due, handle = queue.popleft()
+            handle.wait()
+            grad.copy_(due)
+            state.has_update = True
+        else:
+            grad.zero_()
+            state.has_update = False
+    if bucket.is_last():
+        state.iteration += 1
+    future: torch.futures.Future[Tensor] = torch.futures.Future()
+    future.set_result(grad)
+    return future

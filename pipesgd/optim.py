@@ -1,0 +1,487 @@
+"""`DistributedOptimizer`: Pipe-SGD data parallelism around any torch optimizer.
+
+The gradient computed in iteration t, averaged over ranks, is applied by the `step()` of
+iteration t + K - 1 (K = `staleness`; paper §3.1, Algorithm 1). So `step()` of iteration
+t submits t's gradient to the engine's communication thread and waits only for iteration
+t - K + 1's, and the allreduce of t overlaps the compute of t + 1 ... t + K - 1. K = 1 is
+synchronous data parallelism (D-Sync).
+
+Schedule with warm-up: iterations t < `warmup_steps` use K = 1, later ones K. Each
+gradient is applied exactly once and in order; the K - 1 steps right after the switch
+(and the first K - 1 steps without warm-up) have nothing to apply and leave weights and
+optimizer state untouched.
+
+Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mpi4py import MPI
+from torch import Tensor, nn
+
+from pipesgd.buckets import GradientBuckets
+from pipesgd.buffers import COMPRESSIONS
+from pipesgd.engine import Engine, Handle
+from pipesgd.engine import init as init_default_engine
+from pipesgd.errors import PipesgdError
+
+OVERLAP_MODES = ("sequential", "backward")
+
+
+@dataclass
+class StepTiming:
+    """Seconds spent in the last `step()`.
+
+    Attributes:
+        submit_s: packing gradients into buckets and queuing their allreduce.
+        wait_s: blocked on the communication thread for the gradient being applied.
+        update_s: copying the aggregated gradient out and running the inner optimizer.
+    """
+
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    update_s: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    """One iteration's gradient: its bucket set, handles (None once reduced), apply step."""
+
+    iteration: int
+    set_index: int
+    apply_at: int
+    handles: list[Handle | None]
+
+
+class DistributedOptimizer:
+    """Wrap `optimizer` so that `step()` applies rank-averaged gradients K - 1 steps late.
+
+    The training loop does not change: `zero_grad(); loss.backward(); step()`. Create LR
+    schedulers on the wrapped optimizer; they keep working because this wrapper drives
+    its `step()` and shares its `param_groups`.
+
+    Args:
+        optimizer: any torch optimizer over (a subset of) `named_parameters`.
+        named_parameters: `(name, parameter)` pairs, e.g. `model.named_parameters()`;
+            parameters with `requires_grad=False` are skipped. Same names, shapes and
+            dtypes on every rank.
+        staleness: K >= 1, the iteration dependency; 1 = synchronous, 2 = Pipe-SGD.
+        compression: "none", "trunc16" or "quant8" (float32 parameters only).
+        bucket_mb: target size of one flat gradient bucket in MiB.
+        warmup_steps: number of first iterations run with K = 1.
+        overlap: "sequential" submits all buckets in `step()`; "backward" submits each
+            bucket from a post-accumulate-grad hook as soon as its gradients are ready.
+        engine: the engine to reduce on (default: `pipesgd.init(comm)`).
+        comm: communicator of the ranks taking part (default COMM_WORLD); used for the
+            construction-time check.
+
+    Raises:
+        ValueError: bad staleness, compression, overlap, bucket size or warm-up; a
+            parameter of `optimizer` missing from `named_parameters`; duplicate names.
+        PipesgdError: the ranks disagree on parameters or configuration (the message
+            names the first differing parameter or setting and the rank).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, nn.Parameter]],
+        staleness: int = 2,
+        compression: str = "none",
+        bucket_mb: float = 25.0,
+        warmup_steps: int = 0,
+        overlap: str = "sequential",
+        *,
+        engine: Engine | None = None,
+        comm: MPI.Comm | None = None,
+    ) -> None:
+        if not isinstance(staleness, int) or staleness < 1:
+            raise ValueError(
+                f"staleness must be an integer >= 1 (1 = synchronous, 2 = Pipe-SGD), "
+                f"got {staleness!r}"
+            )
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
+        if overlap not in OVERLAP_MODES:
+            raise ValueError(f"unknown overlap {overlap!r}: expected one of {OVERLAP_MODES}")
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        if not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+
+        self.optimizer = optimizer
+        self.staleness = staleness
+        self.compression = compression
+        self.warmup_steps = warmup_steps
+        self.overlap = overlap
+        self.bucket_mb = float(bucket_mb)
+        self.names, self.params = _check_named_parameters(optimizer, named_parameters)
+        if compression != "none":
+            for name, p in zip(self.names, self.params, strict=True):
+                if p.dtype != torch.float32:
+                    raise ValueError(
+                        f"compression {compression!r} works on float32 only, but parameter "
+                        f"{name!r} is {p.dtype}; use compression='none' or a float32 model"
+                    )
+
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.engine = init_default_engine(comm) if engine is None else engine
+        if self.engine.size != self.comm.size:
+            raise ValueError(
+                f"the engine spans {self.engine.size} ranks but comm has {self.comm.size}: "
+                "pass the communicator the engine was built on as comm="
+            )
+        self.buckets = GradientBuckets(self.params, int(self.bucket_mb * 2**20), sets=staleness)
+        _check_across_ranks(self.comm, self._describe())
+
+        self.timing = StepTiming()
+        self._iteration = 0  # the iteration whose gradient the next step() submits
+        self._inflight: deque[_InFlight] = deque()
+        self._current: list[Handle | None] | None = None  # backward mode: this iteration
+        self._next_bucket = 0
+        self._remaining: list[int] = []
+        self._seen = [False] * len(self.params)
+        self._hooks: list[Any] = []
+        if overlap == "backward":
+            self._reset_backward_state()
+            for index, p in enumerate(self.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
+
+    # -- the torch.optim.Optimizer surface -------------------------------------------------
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @property
+    def iteration(self) -> int:
+        """Number of `step()` calls so far (the index of the next iteration)."""
+        return self._iteration
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise NotImplementedError(
+            "the gradient buckets are fixed at construction: add the parameter group to the "
+            "inner optimizer first, then build a new DistributedOptimizer"
+        )
+
+    def staleness_at(self, iteration: int) -> int:
+        """K used for the gradient of `iteration` (1 during warm-up)."""
+        return 1 if iteration < self.warmup_steps else self.staleness
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Submit this iteration's gradient; apply the one due now, if any.
+
+        Args:
+            closure: optional; evaluated first (with grad enabled), its result returned.
+
+        Raises:
+            PipesgdError: a parameter has no gradient (named in the message), or the
+                allreduce failed.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        t = self._iteration
+        set_index = t % self.staleness
+        start = time.perf_counter()
+        handles = self._submit_all(t, set_index)
+        self._inflight.append(
+            _InFlight(t, set_index, t + self.staleness_at(t) - 1, handles)
+        )
+        submitted = time.perf_counter()
+        wait_s = update_s = 0.0
+        if self._inflight[0].apply_at == t:
+            due = self._inflight.popleft()
+            wait_s = self._wait(due)
+            begin = time.perf_counter()
+            for bucket in range(self.buckets.num_buckets):
+                self.buckets.unpack(due.set_index, bucket)
+            self.optimizer.step()
+            update_s = time.perf_counter() - begin
+        elif hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
+            # An LR scheduler tracks whether the optimizer stepped this iteration; a step
+            # with nothing due still is one, so do not let it warn about the call order.
+            self.optimizer._opt_called = True
+        self._iteration = t + 1
+        if self.overlap == "backward":
+            self._reset_backward_state()
+        self.timing = StepTiming(submitted - start, wait_s, update_s)
+        return loss
+
+    def synchronize(self) -> None:
+        """Wait until every submitted gradient is reduced (none is applied by this)."""
+        for entry in self._inflight:
+            self._wait(entry)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Inner optimizer state, iteration counter and the reduced in-flight gradients.
+
+        Collective: it waits for the in-flight allreduces. Call it between `step()` and
+        the next backward pass.
+        """
+        self._check_between_iterations("state_dict()")
+        self.synchronize()
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "pipesgd": {
+                "iteration": self._iteration,
+                "staleness": self.staleness,
+                "warmup_steps": self.warmup_steps,
+                "compression": self.compression,
+                "names": list(self.names),
+                "layout": self.buckets.layout.digest(),
+                "inflight": [
+                    {
+                        "iteration": e.iteration,
+                        "apply_at": e.apply_at,
+                        "buckets": [b.clone() for b in self.buckets.buffers[e.set_index]],
+                    }
+                    for e in self._inflight
+                ],
+            },
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a `state_dict()`; the run then continues exactly where it was saved.
+
+        Raises:
+            ValueError: the checkpoint was written with other parameters, staleness,
+                warm-up or bucket layout (the message says which and what to pass).
+        """
+        self._check_between_iterations("load_state_dict()")
+        saved = state_dict["pipesgd"]
+        if saved["names"] != self.names:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(saved["names"], self.names, strict=False))
+                 if a != b),
+                min(len(saved["names"]), len(self.names)),
+            )
+            raise ValueError(
+                f"checkpoint parameters differ from this model's at position {first} "
+                f"(checkpoint has {len(saved['names'])} parameters, model {len(self.names)})"
+            )
+        for key, mine in (("staleness", self.staleness), ("warmup_steps", self.warmup_steps)):
+            if saved[key] != mine:
+                raise ValueError(
+                    f"checkpoint was written with {key}={saved[key]}, this optimizer has "
+                    f"{key}={mine}: construct it with {key}={saved[key]} to resume"
+                )
+        if saved["layout"] != self.buckets.layout.digest():
+            raise ValueError(
+                "bucket layout mismatch: the checkpoint's in-flight gradients were bucketed "
+                f"differently than with bucket_mb={self.bucket_mb}; construct the optimizer "
+                "with the bucket_mb used when the checkpoint was written"
+            )
+        self.synchronize()
+        self.optimizer.load_state_dict(state_dict["optimizer"])
+        self._iteration = int(saved["iteration"])
+        self._inflight.clear()
+        for entry in saved["inflight"]:
+            set_index = entry["iteration"] % self.staleness
+            for buffer, value in zip(self.buckets.buffers[set_index], entry["buckets"],
+                                     strict=True):
+                buffer.copy_(value)
+            self._inflight.append(
+                _InFlight(entry["iteration"], set_index, entry["apply_at"],
+                          [None] * self.buckets.num_buckets)
+            )
+
+    def remove_hooks(self) -> None:
+        """Detach the backward hooks (overlap="backward")."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _describe(self) -> dict[str, Any]:
+        return {
+            "params": [
+                (n, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                for n, p in zip(self.names, self.params, strict=True)
+            ],
+            "config": {
+                "staleness": self.staleness,
+                "compression": self.compression,
+                "warmup_steps": self.warmup_steps,
+            },
+            "layout": self.buckets.layout.describe(),
+            "bucket_mb": self.bucket_mb,
+        }
+
+    def _missing_error(self, t: int, missing: list[int]) -> PipesgdError:
+        missing = sorted(missing)
+        names = ", ".join(repr(self.names[i]) for i in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        return PipesgdError(
+            f"step() of iteration {t}: {names}{more} has no gradient. Every rank "
+            "must reduce the same buckets, so each parameter given to DistributedOptimizer "
+            "needs a gradient every iteration: run backward() before step(), or leave unused "
+            "parameters out of named_parameters (or set requires_grad=False on them)"
+        )
+
+    def _submit_all(self, t: int, set_index: int) -> list[Handle | None]:
+        if self.overlap == "backward":
+            handles = self._current
+            assert handles is not None
+            start = self._next_bucket
+        else:
+            handles = [None] * self.buckets.num_buckets
+            start = 0
+        missing = [
+            i for b in range(start, self.buckets.num_buckets) for i in self.buckets.missing_grads(b)
+        ]
+        if missing:
+            raise self._missing_error(t, missing)
+        for bucket in range(start, self.buckets.num_buckets):
+            self.buckets.pack(set_index, bucket)
+            handles[bucket] = self.buckets.submit(
+                self.engine, set_index, bucket, compression=self.compression
+            )
+        return handles
+
+    def _wait(self, entry: _InFlight) -> float:
+        begin = time.perf_counter()
+        for bucket, handle in enumerate(entry.handles):
+            if handle is not None:
+                handle.wait()
+                entry.handles[bucket] = None
+        return time.perf_counter() - begin
+
+    def _reset_backward_state(self) -> None:
+        self._current = [None] * self.buckets.num_buckets
+        self._next_bucket = 0
+        self._remaining = [len(b.slots) for b in self.buckets.layout.buckets]
+        self._seen = [False] * len(self.params)
+
+    def _make_hook(self, index: int) -> Callable[[Tensor], None]:
+        def hook(_: Tensor) -> None:
+            self._on_grad_ready(index)
+
+        return hook
+
+    def _on_grad_ready(self, index: int) -> None:
+        if self._seen[index]:
+            raise PipesgdError(
+                f"the gradient of {self.names[index]!r} was accumulated twice before step(): "
+                "overlap='backward' submits each bucket once per iteration, so call step() "
+                "after every backward(), or use overlap='sequential' to accumulate gradients"
+            )
+        self._seen[index] = True
+        bucket = self.buckets.layout.bucket_of[index]
+        self._remaining[bucket] -= 1
+        set_index = self._iteration % self.staleness
+        assert self._current is not None
+        # Submit in bucket order only, so every rank queues the same sequence.
+        while (
+            self._next_bucket < self.buckets.num_buckets
+            and self._remaining[self._next_bucket] == 0
+        ):
+            b = self._next_bucket
+            self.buckets.pack(set_index, b)
+            self._current[b] = self.buckets.submit(
+                self.engine, set_index, b, compression=self.compression
+            )
+            self._next_bucket += 1
+
+    def _check_between_iterations(self, what: str) -> None:
+        if self.overlap == "backward" and any(self._seen):
+            raise PipesgdError(
+                f"{what} was called after backward() and before step(): call it between "
+                "step() and the next backward()"
+            )
+
+
+def _check_named_parameters(
+    optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, nn.Parameter]]
+) -> tuple[list[str], list[nn.Parameter]]:
+    pairs = list(named_parameters)
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Tensor)):
+            raise ValueError(
+                "named_parameters must be (name, parameter) pairs, e.g. "
+                "DistributedOptimizer(opt, model.named_parameters())"
+            )
+    names: list[str] = []
+    params: list[nn.Parameter] = []
+    seen: set[str] = set()
+    ids: set[int] = set()
+    for name, p in pairs:
+        if name in seen:
+            raise ValueError(f"parameter name {name!r} appears twice in named_parameters")
+        seen.add(name)
+        if p.requires_grad and id(p) not in ids:
+            ids.add(id(p))
+            names.append(name)
+            params.append(p)
+    unnamed = [
+        p for group in optimizer.param_groups for p in group["params"]
+        if p.requires_grad and id(p) not in ids
+    ]
+    if unnamed:
+        raise ValueError(
+            f"{len(unnamed)} parameter(s) of the optimizer (first of shape "
+            f"{tuple(unnamed[0].shape)}) are not in named_parameters: pass all of them, e.g. "
+            "DistributedOptimizer(opt, model.named_parameters())"
+        )
+    if not params:
+        raise ValueError("named_parameters holds no parameter that requires a gradient")
+    return names, params
+
+
+def _check_across_ranks(comm: MPI.Comm, description: dict[str, Any]) -> None:
+    """Compare a digest of `description` across ranks; explain the first difference."""
+    digest = hashlib.sha256(repr(description).encode()).hexdigest()
+    digests = comm.allgather(digest)
+    if len(set(digests)) == 1:
+        return
+    everyone = comm.allgather(description)
+    rank = next(r for r, d in enumerate(digests) if d != digests[0])
+    mine, theirs = everyone[0], everyone[rank]
+    for i in range(max(len(mine["params"]), len(theirs["params"]))):
+        a = mine["params"][i] if i < len(mine["params"]) else None
+        b = theirs["params"][i] if i < len(theirs["params"]) else None
+        if a != b:
+            name = (a or b)[0]
+            raise PipesgdError(
+                f"parameter #{i} {name!r} differs between ranks: rank 0 has {_fmt(a)}, rank "
+                f"{rank} has {_fmt(b)}; every rank must build the same model"
+            )
+    for key, value in mine["config"].items():
+        if theirs["config"][key] != value:
+            raise PipesgdError(
+                f"{key} differs between ranks: rank 0 uses {value!r}, rank {rank} uses "
+                f"{theirs['config'][key]!r}; pass the same {key} on every rank"
+            )
+    raise PipesgdError(
+        f"bucket layout mismatch: rank 0 has {mine['layout']} (bucket_mb={mine['bucket_mb']}), "
+        f"rank {rank} has {theirs['layout']} (bucket_mb={theirs['bucket_mb']}); pass the "
+        "same bucket_mb on every rank"
+    )
+
+
+def _fmt(entry: tuple[str, tuple[int, ...], str] | None) -> str:
+    if entry is None:
+        return "no such parameter"
+    name, shape, dtype = entry
+    return f"{name!r} of shape {shape} and dtype {dtype}"

@@ -1,0 +1,174 @@
+"""`pipesgd train`: parse options, run one job (or several with --compare), print, write JSON.
+
+Run it under mpirun, e.g.::
+
+    mpirun -n 2 pipesgd train --model mlp --data digits --epochs 5 --staleness 2
+    mpirun -n 2 pipesgd train --epochs 5 --compare dsync,pipesgd+q
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from pipesgd.buffers import COMPRESSIONS
+from pipesgd.optim import OVERLAP_MODES
+
+# --compare presets: name -> (staleness, compression), the paper's configurations.
+PRESETS: dict[str, tuple[int, str]] = {
+    "dsync": (1, "none"),
+    "dsync+t": (1, "trunc16"),
+    "dsync+q": (1, "quant8"),
+    "pipesgd": (2, "none"),
+    "pipesgd+t": (2, "trunc16"),
+    "pipesgd+q": (2, "quant8"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `pipesgd train`."""
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
+                        help="MLP input-500-500-10 or the small AlexNet-style CNN")
+    parser.add_argument("--data", default="digits",
+                        help="digits (bundled with scikit-learn), synthetic, or a folder of "
+                             "MNIST IDX files")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, default=5)
+    length.add_argument("--steps", type=int, help="train this many iterations instead")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--staleness", type=int, default=2,
+                        help="iteration dependency K: 1 = synchronous (D-Sync), 2 = Pipe-SGD")
+    parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="first iterations run synchronously (K = 1)")
+    parser.add_argument("--overlap", choices=OVERLAP_MODES, default="sequential",
+                        help="submit gradients after backward, or bucket by bucket during it")
+    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", metavar="DIR", help="save a checkpoint every epoch")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the checkpoint in --checkpoint DIR if there is one")
+    parser.add_argument("--json", metavar="FILE", help="write a summary of the run(s)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    parser.add_argument("--compare", nargs="?", const="dsync,pipesgd+q", metavar="PRESETS",
+                        help="run several configurations one after another and print a table; "
+                             f"comma-separated from {', '.join(PRESETS)} "
+                             "(default dsync,pipesgd+q)")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from pipesgd.train.loop import TrainConfig
+
+    return TrainConfig(
+        model=args.model, data=args.data, epochs=args.epochs, steps=args.steps,
+        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+        weight_decay=args.weight_decay, optimizer=args.optimizer, staleness=args.staleness,
+        compression=args.compression, warmup_steps=args.warmup_steps, overlap=args.overlap,
+        bucket_mb=args.bucket_mb, seed=args.seed, checkpoint=args.checkpoint,
+        resume=args.resume,
+    )
+
+
+def parse_presets(text: str) -> list[str]:
+    """'dsync,pipesgd+q' -> ['dsync', 'pipesgd+q'].
+
+    Raises:
+        ValueError: an unknown preset (the message lists the known ones).
+    """
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown or not names:
+        raise ValueError(f"unknown --compare preset(s) {unknown}: choose from {list(PRESETS)}")
+    return names
+
+
+def format_result(result: Any) -> str:
+    ms = 1000.0
+    return (
+        f"{result.iterations} iterations on {result.ranks} ranks in {result.wall_time_s:.2f} s; "
+        f"final accuracy {100 * result.final_accuracy:.2f}%\n"
+        f"per iteration (median): {ms * result.iteration_time_s:.2f} ms = compute "
+        f"{ms * result.compute_s:.2f} ms + update {ms * result.update_s:.2f} ms + blocked on "
+        f"communication {ms * result.comm_wait_s:.2f} ms"
+    )
+
+
+def comparison_table(results: list[Any]) -> str:
+    header = ("configuration", "K", "compression", "iter ms", "compute ms", "update ms",
+              "comm wait ms", "wall s", "accuracy %")
+    rows = [header] + [
+        (r.config.name, str(r.config.staleness), r.config.compression,
+         f"{1000 * r.iteration_time_s:.2f}", f"{1000 * r.compute_s:.2f}",
+         f"{1000 * r.update_s:.2f}", f"{1000 * r.comm_wait_s:.2f}", f"{r.wall_time_s:.2f}",
+         f"{100 * r.final_accuracy:.2f}")
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if len(results) > 1 and results[0].iteration_time_s > 0:
+        base = results[0]
+        for r in results[1:]:
+            lines.append(f"{r.config.name}: {base.iteration_time_s / r.iteration_time_s:.2f}x "
+                         f"the iteration speed of {base.config.name}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `pipesgd train`; returns the exit status."""
+    from mpi4py import MPI
+
+    import pipesgd
+    from pipesgd.train import loop
+
+    comm = MPI.COMM_WORLD
+    base = config_from_args(args)
+    try:
+        presets = parse_presets(args.compare) if args.compare else []
+    except ValueError as exc:
+        if comm.rank == 0:
+            print(f"pipesgd train: {exc}")
+        return 2
+    if presets and (args.checkpoint or args.resume):
+        if comm.rank == 0:
+            print("pipesgd train: --compare runs several jobs; drop --checkpoint/--resume")
+        return 2
+    configs = [
+        dataclasses.replace(base, staleness=PRESETS[p][0], compression=PRESETS[p][1], name=p)
+        for p in presets
+    ] or [dataclasses.replace(base, name=f"K={base.staleness} {base.compression}")]
+
+    pipesgd.init(comm)
+    log = print if comm.rank == 0 and not args.quiet else (lambda *_: None)
+    results = []
+    for config in configs:
+        if comm.rank == 0 and not args.quiet:
+            print(f"== {config.name}: {config.model} on {config.data}, {comm.size} ranks x "
+                  f"batch {config.batch_size}, staleness {config.staleness}, compression "
+                  f"{config.compression}, overlap {config.overlap}")
+        result = loop.run(config, comm, progress=not args.quiet, log=log)
+        results.append(result)
+        if comm.rank == 0:
+            print(format_result(result), flush=True)
+    if comm.rank == 0:
+        if len(results) > 1:
+            print()
+            print(comparison_table(results))
+        if args.json:
+            payload: dict[str, Any] = (
+                results[0].summary() if len(results) == 1
+                else {"runs": [r.summary() for r in results]}
+            )
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(payload, indent=2))
+    pipesgd.shutdown()
+    return 0

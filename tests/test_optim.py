@@ -1,0 +1,199 @@
+"""Single-process (p = 1) checks of DistributedOptimizer: argument errors, the step
+schedule, state that is left alone, LR schedulers, state_dict round trips."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import pipesgd
+from pipesgd.optim import DistributedOptimizer
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = pipesgd.Engine()
+    yield e
+    e.shutdown()
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2))
+
+
+def sgd(model: nn.Module, **kwargs) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01, **kwargs)
+
+
+def backward(model: nn.Module, t: int) -> None:
+    g = torch.Generator().manual_seed(t)
+    x, y = torch.randn(4, 5, generator=g), torch.randint(0, 2, (4,), generator=g)
+    F.cross_entropy(model(x), y).backward()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"staleness": 0}, "staleness must be an integer >= 1"),
+        ({"staleness": 1.5}, "staleness must be an integer >= 1"),
+        ({"compression": "zip"}, "unknown compression 'zip'"),
+        ({"overlap": "eager"}, "unknown overlap 'eager'"),
+        ({"bucket_mb": 0}, "bucket_mb must be positive"),
+        ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
+    ],
+)
+def test_argument_errors(engine, kwargs: dict, message: str) -> None:
+    model = make_model()
+    with pytest.raises(ValueError, match=message):
+        DistributedOptimizer(sgd(model), model.named_parameters(), engine=engine, **kwargs)
+
+
+def test_compression_needs_float32(engine) -> None:
+    model = make_model().double()
+    with pytest.raises(ValueError, match=r"float32 only.*'0.weight'"):
+        DistributedOptimizer(sgd(model), model.named_parameters(), compression="quant8",
+                             engine=engine)
+
+
+def test_optimizer_parameters_must_be_named(engine) -> None:
+    model = make_model()
+    with pytest.raises(ValueError, match="not in named_parameters"):
+        DistributedOptimizer(sgd(model), list(model.named_parameters())[:2], engine=engine)
+    with pytest.raises(ValueError, match=r"\(name, parameter\) pairs"):
+        DistributedOptimizer(sgd(model), list(model.parameters()), engine=engine)
+    params = list(model.named_parameters())
+    with pytest.raises(ValueError, match="appears twice"):
+        DistributedOptimizer(sgd(model), [*params, params[0]], engine=engine)
+
+
+def test_missing_gradient_names_the_parameter(engine) -> None:
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), engine=engine)
+    names = r"'0.weight', '0.bias', '2.weight', '2.bias' has no gradient"
+    with pytest.raises(pipesgd.PipesgdError, match=names):
+        opt.step()
+
+
+def test_add_param_group_is_refused(engine) -> None:
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), engine=engine)
+    with pytest.raises(NotImplementedError, match="new DistributedOptimizer"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+
+
+def test_backward_overlap_refuses_accumulation(engine) -> None:
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), overlap="backward",
+                               engine=engine)
+    backward(model, 0)
+    with pytest.raises(RuntimeError, match="accumulated twice"):
+        backward(model, 1)
+    opt.remove_hooks()
+
+
+@pytest.mark.parametrize(("staleness", "warmup", "applies"), [
+    (1, 0, [0, 1, 2, 3, 4, 5]),
+    (2, 0, [None, 0, 1, 2, 3, 4]),
+    (3, 0, [None, None, 0, 1, 2, 3]),
+    (3, 2, [0, 1, None, None, 2, 3]),
+])
+def test_schedule_applies_each_gradient_once(engine, staleness, warmup, applies) -> None:
+    """With p = 1 the aggregated gradient is the local one: feed gradient t = t + 1
+    (constant) and read which one each step applied from plain SGD's update."""
+    w = nn.Parameter(torch.zeros(1))
+    opt = DistributedOptimizer(torch.optim.SGD([w], lr=1.0), [("w", w)], staleness=staleness,
+                               warmup_steps=warmup, engine=engine)
+    seen = []
+    for t in range(len(applies)):
+        before = w.detach().clone()
+        w.grad = torch.full((1,), float(t + 1))
+        opt.step()
+        delta = (before - w.detach()).item()
+        seen.append(None if delta == 0 else int(delta) - 1)
+    assert seen == applies
+
+
+def test_step_without_a_due_gradient_leaves_state_untouched(engine) -> None:
+    model = make_model()
+    inner = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
+    opt = DistributedOptimizer(inner, model.named_parameters(), staleness=3, engine=engine)
+    before = copy.deepcopy(model.state_dict())
+    for t in range(2):
+        opt.zero_grad()
+        backward(model, t)
+        opt.step()
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        assert inner.state == {}
+    opt.zero_grad()
+    backward(model, 2)
+    opt.step()
+    assert not torch.equal(model.state_dict()["0.weight"], before["0.weight"])
+    assert len(inner.state) == 4
+
+
+def test_lr_scheduler_on_inner_optimizer(engine) -> None:
+    model = make_model()
+    inner = sgd(model)
+    opt = DistributedOptimizer(inner, model.named_parameters(), staleness=2, engine=engine)
+    scheduler = torch.optim.lr_scheduler.StepLR(inner, step_size=2, gamma=0.5)
+    for t in range(4):
+        opt.zero_grad()
+        backward(model, t)
+        opt.step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_state_dict_round_trip_continues_exactly(engine, kind: str) -> None:
+    def make_optimizer(model):
+        if kind == "adam":
+            return torch.optim.Adam(model.parameters(), lr=0.01)
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+
+    def run(model, opt, steps):
+        for t in steps:
+            opt.zero_grad()
+            backward(model, t)
+            opt.step()
+
+    straight = make_model()
+    opt = DistributedOptimizer(make_optimizer(straight), straight.named_parameters(), staleness=3,
+                               bucket_mb=1e-4, engine=engine)
+    run(straight, opt, range(8))
+
+    first = make_model()
+    opt1 = DistributedOptimizer(make_optimizer(first), first.named_parameters(), staleness=3,
+                                bucket_mb=1e-4, engine=engine)
+    run(first, opt1, range(4))
+    state = copy.deepcopy({"model": first.state_dict(), "opt": opt1.state_dict()})
+    assert state["opt"]["pipesgd"]["iteration"] == 4
+    assert len(state["opt"]["pipesgd"]["inflight"]) == 2
+
+    second = make_model()
+    opt2 = DistributedOptimizer(make_optimizer(second), second.named_parameters(), staleness=3,
+                                bucket_mb=1e-4, engine=engine)
+    second.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    run(second, opt2, range(4, 8))
+    for k, v in straight.state_dict().items():
+        assert torch.equal(v, second.state_dict()[k]), k
+
+    third = make_model()
+    other = DistributedOptimizer(make_optimizer(third), third.named_parameters(), staleness=2,
+                                 bucket_mb=1e-4, engine=engine)
+    with pytest.raises(ValueError, match="staleness=3"):
+        other.load_state_dict(state["opt"])
+
+
+def test_timing_is_reported(engine) -> None:
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), staleness=1, engine=engine)
+    backward(model, 0)
+    opt.step()
+    assert opt.timing.submit_s > 0 and opt.timing.update_s > 0 and opt.timing.wait_s >= 0

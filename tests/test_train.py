@@ -1,0 +1,87 @@
+"""`pipesgd train` pieces that need one process: options, presets, data, sharding, models."""
+
+import argparse
+
+import pytest
+import torch
+
+from pipesgd.train import cli, data, loop
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_options_reach_the_config() -> None:
+    args = parse("--model", "cnn", "--steps", "7", "--staleness", "3", "--compression",
+                 "quant8", "--warmup-steps", "4", "--overlap", "backward", "--optimizer", "adam")
+    config = cli.config_from_args(args)
+    assert (config.model, config.steps, config.staleness, config.compression) == (
+        "cnn", 7, 3, "quant8")
+    assert (config.warmup_steps, config.overlap, config.optimizer) == (4, "backward", "adam")
+
+
+def test_epochs_and_steps_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        parse("--epochs", "2", "--steps", "3")
+
+
+def test_compare_presets() -> None:
+    assert parse("--compare").compare == "dsync,pipesgd+q"
+    assert cli.parse_presets("DSync, pipesgd+t") == ["dsync", "pipesgd+t"]
+    with pytest.raises(ValueError, match="choose from"):
+        cli.parse_presets("dsync,fast")
+
+
+def test_digits_shapes_for_each_model() -> None:
+    mlp, cnn = data.load("digits", "mlp"), data.load("digits", "cnn")
+    assert mlp.input_shape == (64,) and cnn.input_shape == (1, 32, 32)
+    assert len(mlp.train_x) + len(mlp.test_x) == 1797
+    assert torch.equal(mlp.test_y, cnn.test_y)
+
+
+def test_unknown_data_source(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="digits"):
+        data.load("no-such-thing", "mlp")
+    with pytest.raises(FileNotFoundError, match="t10k-images-idx3-ubyte"):
+        data.load(str(tmp_path), "mlp")
+
+
+def test_mnist_idx_folder(tmp_path) -> None:
+    def write(name: str, array) -> None:
+        header = bytes([0, 0, 8, array.ndim]) + b"".join(
+            int(d).to_bytes(4, "big") for d in array.shape)
+        (tmp_path / name).write_bytes(header + array.astype("uint8").tobytes())
+
+    images = torch.randint(0, 256, (6, 28, 28)).numpy()
+    labels = torch.arange(6).numpy()
+    for prefix in ("train", "t10k"):
+        write(f"{prefix}-images-idx3-ubyte", images)
+        write(f"{prefix}-labels-idx1-ubyte", labels)
+    mnist = data.load(str(tmp_path), "cnn")
+    assert mnist.input_shape == (1, 32, 32) and mnist.train_y.tolist() == list(range(6))
+    assert data.load(str(tmp_path), "mlp").input_shape == (784,)
+
+
+def test_shards_are_disjoint_and_cover_each_global_batch() -> None:
+    shards = [data.ShardedBatches(100, 8, r, 3, seed=5) for r in range(3)]
+    assert len(shards[0]) == 4
+    for epoch in range(2):
+        for step in range(4):
+            parts = [set(s.indices(epoch, step).tolist()) for s in shards]
+            assert sum(map(len, parts)) == len(set().union(*parts)) == 24
+    assert not torch.equal(shards[0].indices(0, 0), shards[0].indices(1, 0))
+    with pytest.raises(ValueError, match="lower --batch-size"):
+        data.ShardedBatches(10, 8, 0, 2)
+
+
+def test_models_fit_the_data() -> None:
+    for name in ("mlp", "cnn"):
+        dataset = data.load("digits", name)
+        model = loop.build_model(name, dataset, seed=0)
+        assert model(dataset.test_x[:2]).shape == (2, 10)
+    sizes = [p.numel() for p in loop.build_model("mlp", data.load("digits", "mlp"), 0)
+             .parameters()]
+    assert sizes == [64 * 500, 500, 500 * 500, 500, 500 * 10, 10]
