@@ -17,7 +17,6 @@ repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import format_size, link_rate_bps, parse_size, print_table, write_json
+from common import format_size, init_gloo, link_rate_bps, parse_size, print_table, write_json
 
 DEFAULT_SIZES = "64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB"
 
@@ -103,24 +102,6 @@ def time_op(comm, op: Callable[[], None], repeat: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def setup_gloo(comm):
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            import socket
-
-            port = 0
-            if comm.rank == 0:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-            os.environ["MASTER_PORT"] = str(comm.bcast(port))
-        dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
-    return dist
-
-
 def run(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
@@ -131,7 +112,7 @@ def run(args: argparse.Namespace) -> None:
     impls = args.impl.split(",")
     compressions = (args.compression or "none").split(",")
     engine = pipesgd.init()
-    dist = setup_gloo(comm) if "gloo" in impls else None
+    dist = init_gloo(comm) if "gloo" in impls else None
     rate = link_rate_bps()
     rows, records = [], []
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):

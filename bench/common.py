@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,25 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / name
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def init_gloo(comm: Any) -> Any:
+    """torch.distributed over gloo on the MPI ranks of `comm`; returns torch.distributed.
+
+    MASTER_ADDR/MASTER_PORT come from bench/netem.py when it set them, else
+    loopback and a free port chosen by rank 0.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        port = None
+        if comm.rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        os.environ["MASTER_PORT"] = str(comm.bcast(port))
+    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    return dist

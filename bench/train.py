@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ from mpi4py import MPI
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, link_rate_bps, print_table, write_json
+from common import RESULTS, init_gloo, link_rate_bps, print_table, write_json
 
 import pipesgd
 from pipesgd.optim import StepTiming
@@ -99,8 +97,9 @@ class ParameterServer(LocalStep):
         begin = time.perf_counter()
         self._copy([p.grad for p in self.params], into_flat=True)
         sent = time.perf_counter()
-        self.comm.Gather(self.flat.numpy(), None if self.gathered is None
-                         else self.gathered.numpy(), root=0)
+        self.comm.Gather(
+            self.flat.numpy(), None if self.gathered is None else self.gathered.numpy(), root=0
+        )
         gathered = time.perf_counter()
         if self.comm.rank == 0:
             torch.mean(self.gathered, dim=0, out=self.flat)
@@ -115,26 +114,10 @@ class ParameterServer(LocalStep):
             self._copy([p.detach() for p in self.params], into_flat=False)
         end = time.perf_counter()
         self.timing = StepTiming(
-            sent - begin, (gathered - sent) + (received - updated),
+            sent - begin,
+            (gathered - sent) + (received - updated),
             (updated - gathered) + (end - received),
         )
-
-
-def init_gloo(comm: MPI.Comm) -> None:
-    """torch.distributed over gloo on the MPI ranks (address/port from bench/netem.py if set)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        port = None
-        if comm.rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        os.environ["MASTER_PORT"] = str(comm.bcast(port))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
 
 
 def synchronizer_for(name: str, comm: MPI.Comm, ddp_bucket_mb: float) -> loop.SynchronizerFactory:
@@ -202,35 +185,60 @@ def main() -> int:
         for name in configs:
             staleness, compression = PIPESGD_CONFIGS.get(name, (1, "none"))
             config = loop.TrainConfig(
-                model=model, data="digits", epochs=args.epochs or EPOCHS[model],
-                batch_size=BATCH[model], lr=args.lr, momentum=args.momentum,
-                staleness=staleness, compression=compression, bucket_mb=args.bucket_mb,
+                model=model,
+                data="digits",
+                epochs=args.epochs or EPOCHS[model],
+                batch_size=BATCH[model],
+                lr=args.lr,
+                momentum=args.momentum,
+                staleness=staleness,
+                compression=compression,
+                bucket_mb=args.bucket_mb,
                 name=name,
             )
             comm.Barrier()
-            result = loop.run(config, comm, synchronizer_for(name, comm, args.ddp_bucket_mb),
-                              progress=False, log=lambda *_: None)
+            result = loop.run(
+                config,
+                comm,
+                synchronizer_for(name, comm, args.ddp_bucket_mb),
+                progress=False,
+                log=lambda *_: None,
+            )
             results.append(result)
             if comm.rank == 0:
-                print(f"{model} {name}: {1000 * result.iteration_time_s:.2f} ms/iteration, "
-                      f"accuracy {100 * result.final_accuracy:.2f}%", flush=True)
+                print(
+                    f"{model} {name}: {1000 * result.iteration_time_s:.2f} ms/iteration, "
+                    f"accuracy {100 * result.final_accuracy:.2f}%",
+                    flush=True,
+                )
     if comm.rank == 0:
         rows = []
         for r in results:
             c = r.config
-            ddp = next((x for x in results if x.config.model == c.model
-                        and x.config.name == "ddp"), None)
-            rows.append({
-                "model": c.model, "configuration": c.name,
-                "iter ms": 1000 * r.iteration_time_s, "compute ms": 1000 * r.compute_s,
-                "update ms": 1000 * r.update_s, "comm wait ms": 1000 * r.comm_wait_s,
-                "speed-up vs DDP": ddp.iteration_time_s / r.iteration_time_s if ddp else None,
-                "epochs": len(r.history), "wall s": r.wall_time_s,
-                "accuracy %": 100 * r.final_accuracy,
-            })
+            ddp = next(
+                (x for x in results if x.config.model == c.model and x.config.name == "ddp"), None
+            )
+            rows.append(
+                {
+                    "model": c.model,
+                    "configuration": c.name,
+                    "iter ms": 1000 * r.iteration_time_s,
+                    "compute ms": 1000 * r.compute_s,
+                    "update ms": 1000 * r.update_s,
+                    "comm wait ms": 1000 * r.comm_wait_s,
+                    "speed-up vs DDP": ddp.iteration_time_s / r.iteration_time_s if ddp else None,
+                    "epochs": len(r.history),
+                    "wall s": r.wall_time_s,
+                    "accuracy %": 100 * r.final_accuracy,
+                }
+            )
         print_table(rows, f"Training, {where} (median per iteration, rank 0)")
-        payload = {"ranks": comm.size, "link_rate_bps": rate, "rows": rows,
-                   "runs": [dataclasses.asdict(r) for r in results]}
+        payload = {
+            "ranks": comm.size,
+            "link_rate_bps": rate,
+            "rows": rows,
+            "runs": [dataclasses.asdict(r) for r in results],
+        }
         suffix = f"_{args.tag}" if args.tag else ""
         path = write_json(f"train_p{comm.size}{suffix}.json", payload)
         plot(payload["runs"], RESULTS / f"train_p{comm.size}{suffix}.png", where)
