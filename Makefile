@@ -40,8 +40,8 @@ build: $(STAMP)
 	flock build/.lock $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
 
 demo: build
-	$(MPIRUN) -n $(NP) $(BIN)/pipesgd train --model mlp --data digits --epochs 10 --batch-size 64 \
-	    --optimizer adam --lr 0.001 --compare dsync,pipesgd+q
+	$(MPIRUN) -n $(NP) $(BIN)/pipesgd train --model mlp --data digits --epochs 30 --batch-size 64 \
+	    --lr 0.05 --momentum 0.9 --compare dsync,pipesgd+q
 
 test: build
 	$(PY) -m pytest -q tests

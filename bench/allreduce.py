@@ -86,20 +86,27 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
     return subprocess.call(cmd)
 
 
-def time_op(comm, op: Callable[[], None], repeat: int, warmup: int) -> float:
-    """Median over repetitions of the slowest rank's time."""
+def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: Callable[[], None],
+                  repeat: int, warmup: int) -> dict[str, float]:
+    """Median over repetitions of the slowest rank's time, for every variant.
+
+    Repetitions are interleaved (A B C A B C ...), so a change in machine load during
+    the run hits every variant alike and the ratios between them stay meaningful.
+    `reset` restores the input before each operation (sums would otherwise overflow).
+    """
     from mpi4py import MPI
 
-    for _ in range(warmup):
-        op()
-    times = []
-    for _ in range(repeat):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        op()
-        elapsed = time.perf_counter() - t0
-        times.append(comm.allreduce(elapsed, op=MPI.MAX))
-    return statistics.median(times)
+    times: dict[str, list[float]] = {label: [] for label, _ in variants}
+    for i in range(warmup + repeat):
+        for label, op in variants:
+            reset()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            op()
+            elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if i >= warmup:
+                times[label].append(elapsed)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -117,7 +124,8 @@ def run(args: argparse.Namespace) -> None:
     rows, records = [], []
     for nbytes in (parse_size(s) for s in args.sizes.split(",")):
         n = nbytes // 4
-        buf = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        original = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        buf = original.copy()
         variants: list[tuple[str, Callable[[], None]]] = []
         for c in compressions if "pipesgd" in impls else []:
             label = "pipesgd" if c == "none" else f"pipesgd+{c}"
@@ -131,10 +139,9 @@ def run(args: argparse.Namespace) -> None:
 
             tensor = torch.from_numpy(buf)
             variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
-        for label, op in variants:
-            # Keep values bounded across repetitions of a sum.
-            buf[:] = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
-            t = time_op(comm, op, args.repeat, args.warmup)
+        medians = time_variants(comm, variants, lambda b=buf, o=original: np.copyto(b, o),
+                                args.repeat, args.warmup)
+        for label, t in medians.items():
             algbw = nbytes / t / 1e9
             busbw = algbw * 2 * (p - 1) / p if p > 1 else algbw
             record = {

@@ -9,9 +9,8 @@ measured network and profile only, prints predicted beside measured, and checks 
 targets: median |pred - meas| / meas <= 10 %, worst <= 25 %, and in every scenario the
 configuration `choose` ranks first is measured fastest or within 5 % of the fastest.
 
-The worker's loop is the data-parallel step of Pipe-SGD on the engine: forward, backward
-(buckets launched from gradient hooks when overlapping), allreduce_async of a flat
-float32 buffer, and the update with the sum of K - 1 iterations ago (K = 1: this one).
+The worker times what users run: `pipesgd.DistributedOptimizer` around SGD (default 25 MB
+buckets), one `zero_grad(); backward(); step()` per iteration, on a fixed batch per rank.
 
     python bench/timing_suite.py                      # under the emulator (root)
     python bench/timing_suite.py --no-netem           # shared memory, no emulator
@@ -40,7 +39,6 @@ BATCH = {"mlp": 64, "cnn": 32}
 
 
 def worker(model_name: str, batch_size: int, out: str) -> None:
-    import numpy as np
     import torch
     from mpi4py import MPI
 
@@ -60,90 +58,29 @@ def worker(model_name: str, batch_size: int, out: str) -> None:
 
     engine = pipesgd.Engine(comm)
     spec = MODELS[model_name]()
-    model = spec.build(seed=0)
-    params = [p for p in model.parameters()]
-    sizes = [p.numel() for p in params]
-    total = sum(sizes)
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch_size, *spec.input_shape, generator=gen)
     y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
-    opt = torch.optim.SGD(params, lr=1e-3)
-    bucket_bytes = 25 << 20
     warmup, timed = STEPS[model_name]
     results = []
     for cfg in all_configs():
-        bufs = [np.zeros(total, dtype=np.float32) for _ in range(cfg.staleness)]
-        flats = [torch.from_numpy(b) for b in bufs]
-        offsets = np.cumsum([0, *sizes])
-        # buckets in the order backward produces gradients (reverse of parameters)
-        order = list(reversed(range(len(params))))
-        buckets, cur, size = [], [], 0
-        for i in order:
-            if cur and (size + sizes[i]) * 4 > bucket_bytes:
-                buckets.append(cur)
-                cur, size = [], 0
-            cur.append(i)
-            size += sizes[i]
-        buckets.append(cur)
-        state = {"slot": 0, "handles": [], "pending": {}}
-
-        def launch(bucket, slot, flats=flats, bufs=bufs, offsets=offsets, cfg=cfg):
-            flat = flats[slot]
-            for i in bucket:
-                flat[offsets[i]:offsets[i + 1]].copy_(params[i].grad.reshape(-1))
-            lo = min(offsets[i] for i in bucket)
-            hi = max(offsets[i + 1] for i in bucket)
-            return engine.allreduce_async(bufs[slot][lo:hi], compression=cfg.compression)
-
-        hooks = []
-        if cfg.overlap == "backward":
-            owner = {i: b for b, bucket in enumerate(buckets) for i in bucket}
-            for i, p in enumerate(params):
-                def hook(_p, i=i, owner=owner, buckets=buckets, state=state, launch=launch):
-                    b = owner[i]
-                    left = state["pending"]
-                    left[b] -= 1
-                    if left[b] == 0:
-                        state["handles"].append(launch(buckets[b], state["slot"]))
-                hooks.append(p.register_post_accumulate_grad_hook(hook))
-        inflight: list[tuple[int, list]] = []  # (slot, handles) oldest first
+        # What users run: the optimizer wrapper, default 25 MB buckets.
+        model = spec.build(seed=0)
+        opt = pipesgd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=1e-3), model.named_parameters(),
+            staleness=cfg.staleness, compression=cfg.compression, overlap=cfg.overlap,
+            engine=engine, comm=comm)
         times = []
+        comm.Barrier()
         for step in range(warmup + timed):
-            t0 = time.perf_counter()
-            # update with the gradient of K - 1 iterations ago (K = 1: the last one)
-            if len(inflight) >= cfg.staleness or (cfg.staleness == 1 and inflight):
-                slot, handles = inflight.pop(0)
-                for h in handles:
-                    h.wait()
-                flat = flats[slot]
-                for i, p in enumerate(params):
-                    p.grad = flat[offsets[i]:offsets[i + 1]].view_as(p).clone()
-                opt.step()
-            slot = step % cfg.staleness
-            state["slot"], state["handles"] = slot, []
-            state["pending"] = {b: len(bk) for b, bk in enumerate(buckets)}
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            if cfg.overlap == "sequential":
-                state["handles"] = [launch(list(range(len(params))), slot)]
-            inflight.append((slot, state["handles"]))
-            if cfg.staleness == 1:  # D-Sync: the update of this iteration waits now
-                s, handles = inflight.pop(0)
-                for h in handles:
-                    h.wait()
-                flat = flats[s]
-                for i, p in enumerate(params):
-                    p.grad = flat[offsets[i]:offsets[i + 1]].view_as(p).clone()
-                opt.step()
-            comm_times = time.perf_counter() - t0
+            begin = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
             if step >= warmup:
-                times.append(comm_times)
-        for _, handles in inflight:
-            for h in handles:
-                h.wait()
-        for h in hooks:
-            h.remove()
+                times.append(time.perf_counter() - begin)
+        opt.synchronize()
+        opt.remove_hooks()
         # the slowest rank sets the pace
         med = comm.allreduce(statistics.median(times), op=MPI.MAX)
         results.append({"staleness": cfg.staleness, "compression": cfg.compression,

@@ -85,3 +85,24 @@ def test_models_fit_the_data() -> None:
     sizes = [p.numel() for p in loop.build_model("mlp", data.load("digits", "mlp"), 0)
              .parameters()]
     assert sizes == [64 * 500, 500, 500 * 500, 500, 500 * 10, 10]
+
+
+def test_cosine_schedule_decays_from_base_to_zero() -> None:
+    import itertools
+    import math
+
+    total = 40
+    factors = [loop.lr_factor("cosine", i, total) for i in range(total + 1)]
+    assert factors[0] == 1.0 and abs(factors[total]) < 1e-12
+    assert abs(factors[total // 2] - 0.5) < 1e-12
+    assert all(a > b for a, b in itertools.pairwise(factors))
+    assert factors[10] == pytest.approx((1 + math.cos(math.pi / 4)) / 2)
+    assert loop.lr_factor("constant", 17, total) == 1.0
+    assert cli.config_from_args(parse("--lr-schedule", "cosine")).lr_schedule == "cosine"
+
+
+def test_unknown_schedule_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown lr schedule 'step'"):
+        loop.lr_factor("step", 0, 10)
+    with pytest.raises(SystemExit):
+        parse("--lr-schedule", "step")

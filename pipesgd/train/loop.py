@@ -44,6 +44,7 @@ class TrainConfig:
     momentum: float = 0.5
     weight_decay: float = 0.0
     optimizer: str = "sgd"
+    lr_schedule: str = "constant"
     staleness: int = 2
     compression: str = "none"
     warmup_steps: int = 0
@@ -140,6 +141,22 @@ def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimi
     raise ValueError(f"unknown optimizer {config.optimizer!r}: expected 'sgd' or 'adam'")
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(schedule: str, iteration: int, total: int) -> float:
+    """Multiplier of the base learning rate at `iteration` of `total` (0-based).
+
+    "cosine" decays to 0 over the run; a small final learning rate also shrinks what a
+    stale gradient can do, so Pipe-SGD ends where synchronous training ends.
+    """
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * iteration / max(total, 1)))
+    raise ValueError(f"unknown lr schedule {schedule!r}: expected one of {LR_SCHEDULES}")
+
+
 def evaluate(model: nn.Module, dataset: Dataset, comm: MPI.Comm,
              batch: int = 512) -> tuple[float, float]:
     """(mean loss, accuracy) on the held-out split; each rank scores a slice of it."""
@@ -185,12 +202,14 @@ def run(
     dataset = load(config.data, config.model, seed=config.seed)
     model = build_model(config.model, dataset, config.seed)
     broadcast_parameters(model, root=0, comm=comm)
-    module, sync = synchronizer(model, build_optimizer(config, model), config)
+    inner = build_optimizer(config, model)
+    module, sync = synchronizer(model, inner, config)
     batches = ShardedBatches(len(dataset.train_x), config.batch_size, rank, size, config.seed)
     per_epoch = len(batches)
     total = config.steps if config.steps is not None else config.epochs * per_epoch
     if total < 1:
         raise ValueError("nothing to train: give --epochs >= 1 or --steps >= 1")
+    lr_factor(config.lr_schedule, 0, total)  # reject an unknown schedule before training
 
     start_iteration, history, wall_offset = 0, [], 0.0
     ckpt = Path(config.checkpoint) / CHECKPOINT_FILE if config.checkpoint else None
@@ -220,6 +239,8 @@ def run(
         begin = time.perf_counter()
         idx = batches.indices(epoch, step)
         x, y = dataset.train_x[idx], dataset.train_y[idx]
+        for group in inner.param_groups:
+            group["lr"] = config.lr * lr_factor(config.lr_schedule, it, total)
         sync.zero_grad()
         loss = F.cross_entropy(module(x), y)
         loss.backward()
