@@ -11,7 +11,7 @@ and large activations the balance flips. Two models make the contrast:
 
 Each runs on the same ranks as
 
-    pipeline 1f1b   one stage per rank, layers cut where per-layer time balances, micro-batch 8
+    pipeline 1f1b   one stage per rank, layers cut where per-layer time balances, micro-batch 32
     DP D-Sync       pipesgd.DistributedOptimizer, K = 1
     DP Pipe-SGD     K = 2, and K = 2 with quant8
 
@@ -144,7 +144,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--batch-size", type=int, default=32, help="data parallel: samples per rank")
-    ap.add_argument("--micro-batch", type=int, default=8, help="pipeline micro-batch")
+    ap.add_argument("--micro-batch", type=int, default=32, help="pipeline micro-batch")
     ap.add_argument("--samples", type=int, default=1024, help="samples timed per configuration")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()

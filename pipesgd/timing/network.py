@@ -219,6 +219,36 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
+def _engine_cpu_per_wire_byte(comm: Any, sizes: tuple[int, int], repeats: int,
+                              gamma: float) -> float:
+    """CPU seconds per wire byte of engine allreduces beyond their reductions (collective)."""
+    import numpy as np
+
+    from pipesgd.engine import Engine
+
+    engine = Engine(comm)
+    p = comm.Get_size()
+    cpu: dict[int, float] = {}
+    try:
+        for m in sizes:
+            buf = np.ones(m // 4, dtype=np.float32)
+            samples = []
+            for i in range(repeats + 2):
+                comm.Barrier()
+                cpu0 = time.process_time()
+                engine.allreduce(buf, op="average")
+                if i >= 2:
+                    samples.append(time.process_time() - cpu0)
+            cpu[m] = statistics.median(samples)
+    finally:
+        engine.shutdown()
+    small, large = sizes
+    extra = large - small
+    per_byte = max(cpu[large] - cpu[small] - (p - 1) / p * extra * gamma, 0.0) / (
+        2 * (p - 1) / p * extra)
+    return float(statistics.median(comm.allgather(per_byte)))
+
+
 def measure_network(
     comm: Any = None,
     *,
@@ -233,7 +263,9 @@ def measure_network(
     * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
       left (one ring step, as the ring-AllReduce runs it); β is the slope of the slowest
       rank's time between the two `large_bytes` sizes, so latency drops out.
-    * β_cpu: the CPU time (user + system) the rank burnt during those steps, per byte.
+    * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
+      from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
+      from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * S: one `Barrier`.
@@ -276,32 +308,22 @@ def measure_network(
     if size > 1:
         right, left = (rank + 1) % size, (rank - 1) % size
         step_times: dict[int, list[float]] = {}
-        cpu_times: dict[int, list[float]] = {}
         for m in large_bytes:
             send = np.ones(m, dtype=np.uint8)
             recv = np.empty(m, dtype=np.uint8)
-            walls, cpus = [], []
+            walls = []
             for i in range(repeats + 3):
                 comm.Barrier()
-                cpu0, start = time.process_time(), time.perf_counter()
+                start = time.perf_counter()
                 comm.Sendrecv(send, dest=right, sendtag=3, recvbuf=recv, source=left, recvtag=3)
-                wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
-                slowest = comm.allreduce(wall, op=MPI.MAX)
+                slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
                 if i >= 3:
                     walls.append(slowest)
-                    cpus.append(cpu)
-            step_times[m], cpu_times[m] = walls, cpus
+            step_times[m] = walls
         small, large = large_bytes
         t_small, _ = _median_spread(step_times[small])
         t_large, spread["beta"] = _median_spread(step_times[large])
         beta = max(t_large - t_small, 1e-15) / (large - small)
-        cpu_large = statistics.median(cpu_times[large])
-        cpu_small = statistics.median(cpu_times[small])
-        # process_time ticks coarsely; the slope is noisy, so take the large-size ratio.
-        per_rank_cpu = max(cpu_large - cpu_small, 0.0) / (large - small)
-        if per_rank_cpu == 0.0:
-            per_rank_cpu = cpu_large / large
-        beta_cpu = min(statistics.median(comm.allgather(per_rank_cpu)), beta)
 
     # S: barrier
     samples = []
@@ -322,6 +344,8 @@ def measure_network(
         (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
     )
     spread.update(kernel_spread)
+    if size > 1:
+        beta_cpu = min(_engine_cpu_per_wire_byte(comm, large_bytes, min(repeats, 5), gamma), beta)
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     on_node = node.Get_size()
