@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def check_targets(records: list[dict], p: int, rate: float | None) -> list[str]:
-    """The issue's targets, checked on this run's figures."""
+    """The benchmark's targets, checked on this run's figures."""
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
     out = []

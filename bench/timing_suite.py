@@ -1,4 +1,4 @@
-"""Predicted vs measured iteration time of every configuration (issue: timing model).
+"""Predicted vs measured iteration time of every configuration and how close the model lands.
 
 For each scenario (link rate under bench/netem.py, p, model) one mpirun job
 (`--worker`) measures the network (`measure_network`), profiles the model on rank 0 alone

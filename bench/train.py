@@ -198,7 +198,7 @@ def measure_communication(model: nn.Module, compression: str, bucket_mb: float,
 
 def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], float],
                   ranks: int, rate: float | None) -> list[str]:
-    """The issue's targets for one run of the suite, as PASS/FAIL lines (rank 0)."""
+    """The benchmark's targets for one run of the suite, as PASS/FAIL lines (rank 0)."""
     by_name = {(r.config.model, r.config.name): r for r in results}
     lines = []
     for model, speedup in (("mlp", 3.0), ("cnn", 2.0)):
