@@ -6,6 +6,8 @@ Every configuration uses the same stages (a balanced cut found by timing each la
 forward+backward on one process) and the same micro-batch size:
 
     ours 1f1b        PipeDream 1F1B with weight stashing, one update per micro-batch
+    ours 1f1b m=4    the same, gradients of 4 micro-batches summed into one update
+                     (PipeDream-2BW style: as many updates as torch's 1F1B, no flush)
     ours gpipe       GPipe, as many micro-batches per step as stages
     torch 1F1B       torch.distributed.pipelining.Schedule1F1B, 4 micro-batches per step
     torch GPipe      ScheduleGPipe, 4 micro-batches per step
@@ -101,7 +103,7 @@ def ours(model, bounds, micro, schedule, per_step, n_micro, data, timeline_dir=N
         tl.write(pipe.timeline, comm, timeline_dir, epoch=1,
                  title=f"{model.name} ours {schedule}, {SIZE} stages, micro-batch {micro}")
     pipe.close()
-    m = n_micro if schedule == "1f1b" else per_step
+    m = n_micro if schedule == "1f1b" else per_step  # micro-batches between flushes
     return {
         "throughput": stats.throughput_samples_per_s,
         "bubble": 1 - sum(stats.utilisation) / len(stats.utilisation),
@@ -196,6 +198,8 @@ def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
     res = out["results"]
     tdir = RESULTS / f"pipeline_timeline_{name}"
     res["ours 1f1b"] = ours(model, bounds, micro, "1f1b", 1, n_micro, data, tdir / "1f1b")
+    res[f"ours 1f1b m={torch_micro}"] = ours(model, bounds, micro, "1f1b", torch_micro,
+                                             n_micro, data)
     res["ours gpipe"] = ours(model, bounds, micro, "gpipe", SIZE, n_micro, data, tdir / "gpipe")
     res["ours gpipe m=4"] = ours(model, bounds, micro, "gpipe", torch_micro, n_micro, data)
     for sname in ("1F1B", "GPipe"):
@@ -207,6 +211,8 @@ def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
         "1f1b_vs_torch_1f1b": res["ours 1f1b"]["throughput"] / base,
         "1f1b_vs_one_process": res["ours 1f1b"]["throughput"] / res["one process"]["throughput"],
         "1f1b_vs_our_gpipe": res["ours 1f1b"]["throughput"] / res["ours gpipe"]["throughput"],
+        "1f1b_accumulating_vs_torch_1f1b":
+            res[f"ours 1f1b m={torch_micro}"]["throughput"] / base,
     }
     return out
 

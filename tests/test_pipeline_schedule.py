@@ -1,6 +1,7 @@
 """Plans and schedules as data: format, generators, lowering, offline deadlock check."""
 
 import json
+import math
 
 import pytest
 
@@ -100,6 +101,35 @@ def test_round_robin_routes_forward_and_backward_to_one_replica():
         fwd = [a.mb for a in acts if a.kind == "F"]
         assert fwd == [i for i in range(n) if i % plan.stages[stage].replicas == rep]
         rounds = -(-n // plan.stages[stage].replicas)
+        assert [a.mb for a in acts if a.kind == "U"] == list(range(rounds))
+        if plan.stages[stage].replicas > 1:
+            assert [a.mb for a in acts if a.kind == "AR"] == list(range(rounds))
+
+
+@pytest.mark.parametrize("per_step", [2, 3])
+def test_1f1b_accumulating_steps_after_every_mth_backward(per_step):
+    plan = straight(3, micro_batches_per_step=per_step)
+    n = 10
+    for acts in sched.generate(plan, n).values():
+        backwards = 0
+        for a, nxt in zip(acts, [*acts[1:], None], strict=True):
+            if a.kind == "B":
+                backwards += 1
+                # a step right after every per_step-th backward and after the last one
+                due = backwards % per_step == 0 or backwards == n
+                assert (nxt is not None and nxt.kind == "U") == due, (a, nxt)
+        assert [a.mb for a in acts if a.kind == "U"] == list(range(-(-n // per_step)))
+    sched.build(plan, n)
+
+
+def test_round_robin_accumulating_with_uneven_replicas_joins_every_round():
+    plan = Plan(stages=(StagePlan(0, 3, 2), StagePlan(3, 5, 1)), schedule="1f1b-rr",
+                micro_batches_per_step=2)
+    n = 9  # stage 0: 5/4 micro-batches, 3 rounds each (the short replica's last is empty)
+    table = sched.build(plan, n)
+    for rank, acts in table.items():
+        stage, _ = plan.position(rank)
+        rounds = math.ceil(math.ceil(n / plan.stages[stage].replicas) / 2)
         assert [a.mb for a in acts if a.kind == "U"] == list(range(rounds))
         if plan.stages[stage].replicas > 1:
             assert [a.mb for a in acts if a.kind == "AR"] == list(range(rounds))

@@ -21,9 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: digits for mlp, synthetic 32x32 images for cnn")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--steps", type=int, help="batches of --batch-size per epoch (cap)")
-    parser.add_argument("--batch-size", type=int, default=32,
-                        help="samples per optimizer step of gpipe (a flush)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per epoch (cap)")
+    parser.add_argument("--batch-size", type=int,
+                        help="samples per optimizer step: gpipe's flush (default 32); 1f1b "
+                        "accumulates batch/micro-batch micro-batches per step (default: one, "
+                        "PipeDream's step per micro-batch)")
     parser.add_argument("--micro-batch", type=int, help="samples per micro-batch (plan's)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.0)
@@ -55,7 +57,14 @@ def _plan(args, num_layers: int, world: int):
     if args.micro_batch:
         changes["micro_batch"] = args.micro_batch
     mb = changes.get("micro_batch", plan.micro_batch)
-    changes["micro_batches_per_step"] = max(1, args.batch_size // mb)
+    schedule = changes.get("schedule", plan.schedule)
+    if args.batch_size is not None:
+        if args.batch_size < mb:
+            raise SystemExit(f"--batch-size {args.batch_size} is smaller than one micro-batch "
+                             f"({mb} samples)")
+        changes["micro_batches_per_step"] = args.batch_size // mb
+    elif args.plan is None:
+        changes["micro_batches_per_step"] = max(1, 32 // mb) if schedule == "gpipe" else 1
     return plan.replace(**changes)
 
 
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         stream = data.MicroBatches(x, y, plan.micro_batch, seed=args.seed)
         limit = None
         if args.steps:
-            limit = args.steps * max(1, args.batch_size // plan.micro_batch)
+            limit = args.steps * plan.micro_batches_per_step
         pipe = Pipeline(model, plan, comm, lr=args.lr, momentum=args.momentum, seed=args.seed,
                         vertical_sync=args.vertical_sync, compression=args.compression,
                         staleness=args.staleness)

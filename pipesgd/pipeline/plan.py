@@ -47,7 +47,9 @@ class Plan:
         schedule: "1f1b", "1f1b-rr" (1f1b with replicated stages) or "gpipe".
         micro_batch: samples per micro-batch (PipeDream's minibatch) sent through the pipe.
         in_flight: minibatches admitted per input-stage replica (NOAM); None = optimum.
-        micro_batches_per_step: gpipe only: micro-batches per flush (one optimizer step).
+        micro_batches_per_step: micro-batches per optimizer step. gpipe: per flush. 1f1b:
+            the gradients of this many consecutive micro-batches of a replica are summed
+            into one step (PipeDream-2BW's accumulation; 1 = a step per micro-batch).
     """
 
     stages: tuple[StagePlan, ...]

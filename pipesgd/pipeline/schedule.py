@@ -15,7 +15,9 @@ and raises `DeadlockError` with the table of the stuck ranks before anything run
 1F1B (PipeDream §3.2): replica r of stage s takes micro-batches i with i % replicas == r
 (1F1B-RR), runs `warmup` forwards, then alternates backward/forward, then drains. With
 W_s workers from stage s to the end, warmup = ceil((NOAM * r_0 - (W_0 - W_s)) / r_s),
-i.e. NOAM - s on a straight pipeline. Each backward is followed by an optimizer step.
+i.e. NOAM - s on a straight pipeline. An optimizer step follows every
+`micro_batches_per_step`-th backward (1: PipeDream's step per micro-batch; more
+accumulates the gradients of consecutive micro-batches into one step, as PipeDream-2BW).
 GPipe: per step, all forwards of its micro-batches, then all backwards, then one step.
 """
 
@@ -100,16 +102,19 @@ def generate(plan: Plan, num_micro_batches: int) -> Schedule:
 
 
 def _one_f_one_b(plan: Plan, stage: int, rep: int, n: int) -> list[Action]:
+    m = plan.micro_batches_per_step
     mine = owned(plan, stage, rep, range(n))
-    rounds = math.ceil(n / plan.stages[stage].replicas)
+    rounds = math.ceil(math.ceil(n / plan.stages[stage].replicas) / m)
     warm = min(len(mine), warmup_forwards(plan, stage))
     acts = [Action(stage, "F", i) for i in mine[:warm]]
     for k, i in enumerate(mine):
-        acts += [Action(stage, "B", i), Action(stage, "U", k)]
+        acts.append(Action(stage, "B", i))
+        if (k + 1) % m == 0 or k == len(mine) - 1:
+            acts.append(Action(stage, "U", k // m))
         if warm + k < len(mine):
             acts.append(Action(stage, "F", mine[warm + k]))
     # A replica with fewer micro-batches still joins every update round (with no gradient).
-    acts += [Action(stage, "U", k) for k in range(len(mine), rounds)]
+    acts += [Action(stage, "U", k) for k in range(math.ceil(len(mine) / m), rounds)]
     return acts
 
 

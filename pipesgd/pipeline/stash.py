@@ -145,7 +145,7 @@ class WeightStash(WeightPolicy):
         if live_ok and v not in self.versions:
             self.live_users.add(mb)
             self.of_mb[mb] = v
-            self._record(len(self.versions) + 1)
+            self._record(self._held())
             return v, self.params
         if v not in self.versions:
             self.versions[v] = self._snapshot()
@@ -154,8 +154,14 @@ class WeightStash(WeightPolicy):
     def _use(self, mb: int, v: int) -> list[Tensor]:
         self.users.setdefault(v, set()).add(mb)
         self.of_mb[mb] = v
-        self._record(len(self.versions) + (1 if self.live_users else 0))
+        self._record(self._held())
         return self.versions[v]
+
+    def _held(self) -> int:
+        """Distinct versions in use: the copies, plus the live one unless also copied."""
+        # Live users always hold the current version (a step while they exist raises).
+        live = bool(self.live_users) and self.version not in self.versions
+        return len(self.versions) + int(live)
 
     def release(self, mb: int) -> None:
         v = self.of_mb.pop(mb)
