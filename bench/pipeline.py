@@ -60,9 +60,10 @@ def layer_times(model: models.LayerModel, micro: int, repeat: int = 3) -> list[f
             if out.requires_grad:
                 out.backward(torch.ones_like(out))
             # 1f1b steps after every micro-batch: the update (and stash copy) is per layer too.
+            # Gradients accumulate into buffers kept across micro-batches, as both runtimes do.
             for p in layer.parameters():
                 p.data.add_(p.grad, alpha=-0.0)
-                p.grad = None
+                p.grad.zero_()
             best = min(best, time.perf_counter() - t0)
         times.append(best)
         x = out

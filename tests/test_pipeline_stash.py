@@ -54,6 +54,42 @@ def test_versions_dropped_after_their_last_backward():
     assert stage.policy.versions == {} and stage.policy.peak_versions == 2
 
 
+def test_a_new_version_reuses_a_dropped_versions_memory_and_holds_the_live_weights():
+    stage = make_stage(WeightStash)
+    g = torch.randn(2, 2)
+    stage.forward(0, torch.randn(2, 4))
+    first = [t.data_ptr() for t in stage.policy.versions[0]]
+    stage.backward(0, g)  # version 0 dropped
+    stage.step(stage.take_gradient()[0])
+    stage.forward(1, torch.randn(2, 4))
+    again = stage.policy.versions[1]
+    assert [t.data_ptr() for t in again] == first
+    assert all(torch.equal(t, p.detach()) for t, p in zip(again, stage.params, strict=True))
+    assert all(t.requires_grad and t.grad is None for t in again)
+
+
+def test_gradients_accumulate_into_the_flat_buffer_over_a_round():
+    stage = make_stage(WeightStash)
+    xs, g = [torch.randn(3, 4) for _ in range(3)], torch.randn(3, 2)
+    want = [torch.zeros_like(p) for p in stage.params]
+    for i, x in enumerate(xs):
+        stage.forward(i, x)
+        stage.backward(i, g)
+        out = stage.module(x)
+        for w, d in zip(want, torch.autograd.grad(out, stage.params, g), strict=True):
+            w += d
+    flat, count = stage.take_gradient()
+    assert count == 3
+    assert torch.allclose(flat, torch.cat([w.flatten() for w in want]), atol=1e-6)
+    assert all(p.grad is None for p in stage.params)  # the views are lent, not left behind
+    stage.forward(3, xs[0])
+    stage.backward(3, g)  # a new round starts from zero, not from the last sum
+    flat, count = stage.take_gradient()
+    first = torch.autograd.grad(stage.module(xs[0]), stage.params, g)
+    assert count == 1
+    assert torch.allclose(flat, torch.cat([d.flatten() for d in first]), atol=1e-6)
+
+
 def test_latest_weights_refuse_a_step_between_forward_and_backward():
     stage = make_stage(LatestWeights)
     stage.forward(0, torch.randn(2, 4))

@@ -246,3 +246,14 @@ def test_profile_scaled_and_round_trip(tmp_path):
     nw = net()
     nw.save(tmp_path / "n.json")
     assert NetworkParams.load(tmp_path / "n.json") == nw
+
+
+def test_per_wire_byte_slope_less_reduction_by_hand():
+    from pipesgd.timing.network import _per_wire_byte
+
+    # p = 4: 2(p-1)/p = 1.5 wire bytes and (p-1)/p = 0.75 reduced bytes per buffer byte.
+    sizes, gamma = (1000, 3000), 1e-9
+    cost = {1000: 1e-5, 3000: 1e-5 + 2000 * (1.5 * 4e-9 + 0.75 * gamma)}
+    assert _per_wire_byte(cost, sizes, 4, gamma) == pytest.approx(4e-9)
+    # noise that makes the larger size cheaper gives 0, never a negative cost
+    assert _per_wire_byte({1000: 2e-5, 3000: 1e-5}, sizes, 4, gamma) == 0.0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
 from torch import Tensor, nn
 
 
@@ -47,6 +48,7 @@ class WeightPolicy(ABC):
         self.peak_versions = 0
         self.peak_bytes = 0
         self._param_bytes = sum(p.numel() * p.element_size() for p in self.params)
+        self._spare: list[Tensor] | None = None
 
     @abstractmethod
     def forward_weights(
@@ -84,7 +86,19 @@ class WeightPolicy(ABC):
             self.peak_bytes = held * self._param_bytes
 
     def _snapshot(self) -> list[Tensor]:
-        return [p.detach().clone().requires_grad_(p.requires_grad) for p in self.params]
+        """A copy of the live parameters, in a dropped version's memory when there is one
+        (fresh memory costs a page fault per 4 KiB on every version)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return [p.detach().clone().requires_grad_(p.requires_grad) for p in self.params]
+        with torch.no_grad():
+            for copy, p in zip(spare, self.params, strict=True):
+                copy.copy_(p)
+        return spare
+
+    def _drop(self, tensors: list[Tensor]) -> None:
+        """Keep one dropped version for the next snapshot: copies never exceed the peak."""
+        self._spare = tensors
 
 
 class LatestWeights(WeightPolicy):
@@ -172,7 +186,7 @@ class WeightStash(WeightPolicy):
         users.discard(mb)
         if not users and self._droppable(v):
             del self.users[v]
-            del self.versions[v]
+            self._drop(self.versions.pop(v))
 
     def _droppable(self, v: int) -> bool:
         return True
@@ -221,7 +235,7 @@ class VerticalSync(WeightStash):
             self.newest_requested = v
             for old in [k for k in self.versions if k < v and not self.users.get(k)]:
                 self.users.pop(old, None)
-                del self.versions[old]
+                self._drop(self.versions.pop(old))
         return v, self._use(mb, v)
 
     def _droppable(self, v: int) -> bool:

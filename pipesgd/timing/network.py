@@ -5,8 +5,10 @@ link), γ (seconds per byte of float32 reduction), S (global synchronisation). A
 compression and for hosts whose cores are shared (see `pipesgd.timing.model`):
 
 * per-byte costs of each compression kernel (`KernelCosts`), per byte of float32 input;
-* β_cpu, the CPU seconds a rank burns per byte it moves (≈ β over shared memory, where
-  the copy *is* the transfer; small over a NIC that moves bytes by DMA);
+* β_cpu, the CPU seconds a rank's communication costs the host per byte it moves (≈ β
+  over shared memory, where the copy *is* the transfer; small over a NIC that moves bytes
+  by DMA; on shared cores it includes the kernel's network stack, measured as the compute
+  it takes from a busy rank);
 * the host: `cores` and `ranks_per_host` (None = all ranks on this one host).
 
 `measure_network(comm)` measures all of them on the ranks of `comm` with the transport
@@ -219,34 +221,108 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
-def _engine_cpu_per_wire_byte(comm: Any, sizes: tuple[int, int], repeats: int,
+def _per_wire_byte(cost: dict[int, float], sizes: tuple[int, int], p: int,
+                   gamma: float) -> float:
+    """Slope of a per-allreduce cost between two sizes, per wire byte, less the reduction."""
+    small, large = sizes
+    extra = large - small
+    reduction = (p - 1) / p * extra * gamma
+    return max(cost[large] - cost[small] - reduction, 0.0) / (2 * (p - 1) / p * extra)
+
+
+def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
                               gamma: float) -> float:
     """CPU seconds per wire byte of engine allreduces beyond their reductions (collective)."""
     import numpy as np
 
+    cpu: dict[int, float] = {}
+    for m in sizes:
+        buf = np.ones(m // 4, dtype=np.float32)
+        samples = []
+        for i in range(repeats + 2):
+            comm.Barrier()
+            cpu0 = time.process_time()
+            engine.allreduce(buf, op="average")
+            if i >= 2:
+                samples.append(time.process_time() - cpu0)
+        cpu[m] = statistics.median(samples)
+    return _per_wire_byte(cpu, sizes, comm.Get_size(), gamma)
+
+
+class _Spinner:
+    """A fixed unit of single-threaded compute whose lost throughput measures stolen CPU."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self._a = np.linspace(1.0, 2.0, 16 << 10, dtype=np.float32)  # 64 KiB: stays in cache
+        self._b = np.empty_like(self._a)
+
+    def unit(self) -> None:
+        import numpy as np
+
+        for _ in range(16):
+            np.sqrt(self._a, out=self._b)
+
+    def rate(self, comm: Any, seconds: float) -> float:
+        """Units per second with every rank spinning and no communication (collective)."""
+        _idle_barrier(comm)
+        units, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            self.unit()
+            units += 1
+        return units / (time.perf_counter() - start)
+
+
+def _engine_steal_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
+                                gamma: float, cores: int, ranks_on_node: int) -> float:
+    """CPU per wire byte of engine allreduces, seen as compute they take from a busy rank.
+
+    Every rank spins a fixed compute unit while its comm thread runs allreduces, as
+    Pipe-SGD overlaps them. The time the spinner loses, times C / R (R ranks share C
+    cores), is what one rank's communication costs the host: the comm thread, the kernel's
+    network stack (softirqs are charged to whoever they interrupt) and the scheduling of
+    one more runnable thread. `process_time` sees only the first. Collective.
+    """
+    import numpy as np
+
+    spinner = _Spinner()
+    rate = spinner.rate(comm, 0.3)
+    steal: dict[int, float] = {}
+    for m in sizes:
+        buf = np.ones(m // 4, dtype=np.float32)
+        engine.allreduce(buf, op="average")  # warm-up: connections, pages
+        samples = []
+        for _ in range(repeats):
+            _idle_barrier(comm)
+            start, units = time.perf_counter(), 0
+            handles = [engine.allreduce_async(buf, op="average") for _ in range(2)]
+            while not handles[-1].done():
+                spinner.unit()
+                units += 1
+            elapsed = time.perf_counter() - start
+            handles[-1].wait()
+            samples.append(max(elapsed - units / rate, 0.0) / len(handles))
+        steal[m] = statistics.median(samples) * cores / ranks_on_node
+    return _per_wire_byte(steal, sizes, comm.Get_size(), gamma)
+
+
+def _engine_beta_cpu(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
+                     ranks_on_node: int) -> float:
+    """β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
+    outnumber the cores, what communication takes from compute, if that is more."""
     from pipesgd.engine import Engine
 
     engine = Engine(comm)
-    p = comm.Get_size()
-    cpu: dict[int, float] = {}
     try:
-        for m in sizes:
-            buf = np.ones(m // 4, dtype=np.float32)
-            samples = []
-            for i in range(repeats + 2):
-                comm.Barrier()
-                cpu0 = time.process_time()
-                engine.allreduce(buf, op="average")
-                if i >= 2:
-                    samples.append(time.process_time() - cpu0)
-            cpu[m] = statistics.median(samples)
+        beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
+        cores = _default_cores()
+        if 2 * ranks_on_node > cores:
+            beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
+                comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
     finally:
         engine.shutdown()
-    small, large = sizes
-    extra = large - small
-    per_byte = max(cpu[large] - cpu[small] - (p - 1) / p * extra * gamma, 0.0) / (
-        2 * (p - 1) / p * extra)
-    return float(statistics.median(comm.allgather(per_byte)))
+    return float(statistics.median(comm.allgather(beta_cpu)))
 
 
 def measure_network(
@@ -266,6 +342,9 @@ def measure_network(
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
+      Where ranks and their comm threads outnumber the cores, the larger of that and the
+      compute the allreduces take from a rank spinning beside them (the network stack's
+      softirqs and context switches are charged to whoever they interrupt).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * S: one `Barrier`.
@@ -344,13 +423,13 @@ def measure_network(
         (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
     )
     spread.update(kernel_spread)
-    if size > 1:
-        beta_cpu = min(_engine_cpu_per_wire_byte(comm, large_bytes, min(repeats, 5), gamma), beta)
-
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     on_node = node.Get_size()
     node.Free()
     max_on_node = comm.allreduce(on_node, op=MPI.MAX)
+    if size > 1:
+        beta_cpu = min(
+            _engine_beta_cpu(comm, large_bytes, min(repeats, 5), gamma, max_on_node), beta)
     if size == 1:
         beta = copy
         source = "measured on 1 rank: alpha, S not measurable, beta = memcpy"
