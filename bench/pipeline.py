@@ -8,6 +8,10 @@ forward+backward on one process) and the same micro-batch size:
     ours 1f1b        PipeDream 1F1B with weight stashing, one update per micro-batch
     ours 1f1b m=4    the same, gradients of 4 micro-batches summed into one update
                      (PipeDream-2BW style: as many updates as torch's 1F1B, no flush)
+    ours 1f1b mb=32  1F1B on micro-batches of 32, the batch of one torch step: as many
+                     updates per sample as torch's 1F1B and one process, each stage
+                     computing on 32 samples at a time
+    ours gpipe mb=32 GPipe on micro-batches of 32, as many per step as stages
     ours gpipe       GPipe, as many micro-batches per step as stages
     torch 1F1B       torch.distributed.pipelining.Schedule1F1B, 4 micro-batches per step
     torch GPipe      ScheduleGPipe, 4 micro-batches per step
@@ -141,20 +145,23 @@ def torch_pipelining(model, bounds, micro, n_micro, steps, schedule_name, x, y):
     stage = PipelineStage(module, RANK, SIZE, torch.device("cpu"), input_args=(example,))
     cls = Schedule1F1B if schedule_name == "1F1B" else ScheduleGPipe
     sched = cls(stage, n_microbatches=n_micro, loss_fn=nn.functional.cross_entropy)
-    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+    params = list(module.parameters())
+    opt = torch.optim.SGD(params, lr=0.01) if params else None  # a stage may hold no weights
     batch = micro * n_micro
 
     def step(i=[0]):  # noqa: B006 - a step counter shared across calls
         lo = (i[0] * batch) % (len(x) - batch)
         i[0] += 1
-        opt.zero_grad()
+        if opt is not None:
+            opt.zero_grad()
         if RANK == 0:
             sched.step(x[lo : lo + batch])
         elif RANK == SIZE - 1:
             sched.step(target=y[lo : lo + batch])
         else:
             sched.step()
-        opt.step()
+        if opt is not None:
+            opt.step()
 
     step()
     seconds = timed(step, steps)
@@ -201,6 +208,11 @@ def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
     res["ours 1f1b"] = ours(model, bounds, micro, "1f1b", 1, n_micro, data, tdir / "1f1b")
     res[f"ours 1f1b m={torch_micro}"] = ours(model, bounds, micro, "1f1b", torch_micro,
                                              n_micro, data)
+    batch = micro * torch_micro  # the samples per update of torch's step and one process
+    big = MicroBatches(x, y, batch, seed=0)
+    n_big = max(2 * SIZE, n_micro // torch_micro)
+    res[f"ours 1f1b mb={batch}"] = ours(model, bounds, batch, "1f1b", 1, n_big, big)
+    res[f"ours gpipe mb={batch}"] = ours(model, bounds, batch, "gpipe", SIZE, n_big, big)
     res["ours gpipe"] = ours(model, bounds, micro, "gpipe", SIZE, n_micro, data, tdir / "gpipe")
     res["ours gpipe m=4"] = ours(model, bounds, micro, "gpipe", torch_micro, n_micro, data)
     for sname in ("1F1B", "GPipe"):
@@ -214,6 +226,12 @@ def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
         "1f1b_vs_our_gpipe": res["ours 1f1b"]["throughput"] / res["ours gpipe"]["throughput"],
         "1f1b_accumulating_vs_torch_1f1b":
             res[f"ours 1f1b m={torch_micro}"]["throughput"] / base,
+        "1f1b_batch_vs_torch_1f1b": res[f"ours 1f1b mb={batch}"]["throughput"] / base,
+        "1f1b_batch_vs_one_process":
+            res[f"ours 1f1b mb={batch}"]["throughput"] / res["one process"]["throughput"],
+        "1f1b_batch_vs_our_gpipe_batch":
+            res[f"ours 1f1b mb={batch}"]["throughput"]
+            / res[f"ours gpipe mb={batch}"]["throughput"],
     }
     return out
 
@@ -263,14 +281,14 @@ def main() -> int:
             print(f"\n{name}: {SIZE} stages, layers cut at {r['bounds']}, micro-batch "
                   f"{r['micro_batch']} (torch: {args.torch_micro_batches} per step)")
             print(f"{'configuration':<16}{'samples/s':>10}{'bubble':>8}{'theory':>8}"
-                  f"{'stash MB/stage':>18}{'act MB/stage':>16}{'RSS MB/rank':>16}")
+                  f"  {'stash MB/stage':<20}{'act MB/stage':<22}{'RSS MB/rank':<16}")
             for k, v in r["results"].items():
                 bub = f"{v['bubble']:.0%}" if "bubble" in v else "-"
                 th = f"{v['bubble_theory']:.0%}" if "bubble_theory" in v else "-"
                 st = "/".join(f"{m:.1f}" for m in v.get("peak_stash_mb", [])) or "-"
                 ac = "/".join(f"{m:.2f}" for m in v.get("peak_activation_mb", [])) or "-"
                 rs = "/".join(f"{m:.0f}" for m in v.get("rss_mb", [])) or "-"
-                print(f"{k:<16}{v['throughput']:>10.0f}{bub:>8}{th:>8}{st:>18}{ac:>16}{rs:>16}")
+                print(f"{k:<16}{v['throughput']:>10.0f}{bub:>8}{th:>8}  {st:<20}{ac:<22}{rs:<16}")
             print("speedups: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items()),
                   flush=True)
     if RANK == 0:

@@ -124,3 +124,14 @@ def test_batchnorm_running_stats_are_not_stashed():
     spec = stage.probe(TensorSpec(torch.float32, (8, 4)))  # probing leaves them alone
     assert spec.shape == (8, 3)
     assert torch.equal(bn[1].running_mean, before)
+
+
+def test_polite_wait_returns_on_completion_and_names_a_bad_setting(monkeypatch):
+    from mpi4py import MPI
+
+    from pipesgd.pipeline.p2p import wait_politely
+
+    wait_politely(MPI.REQUEST_NULL)  # a completed request returns at once
+    monkeypatch.setenv("PIPESGD_POLL_US", "fast")
+    with pytest.raises(ValueError, match="PIPESGD_POLL_US"):
+        wait_politely(MPI.REQUEST_NULL)

@@ -15,6 +15,8 @@ the receiving stage tries its layers on it and answers. A mismatch raises
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +42,28 @@ DTYPES: dict[torch.dtype, int] = {
     torch.int32: 5,
 }
 CODES = {v: k for k, v in DTYPES.items()}
+
+
+def _env_seconds(name: str, default_us: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number of microseconds, got "
+                         f"{os.environ[name]!r}") from exc
+
+
+def wait_politely(request: MPI.Request) -> None:
+    """Wait for `request` as the engine's comm thread does: test without pause for
+    PIPESGD_SPIN_US (default 100 µs), then test and sleep PIPESGD_POLL_US (50 µs).
+
+    MPI's own Wait spins, which takes a core from the ranks that compute when stages share
+    cores (more stages than cores, or a stage beside its replica's comm thread).
+    """
+    spin, poll = _env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50)
+    deadline = time.perf_counter() + spin
+    while not request.Test():
+        if time.perf_counter() > deadline:
+            time.sleep(poll)
 
 
 class StageMismatchError(RuntimeError):
@@ -131,7 +155,7 @@ class StageLink:
         self.post(action, src)
         direction = ACT if action.kind == "RF" else GRAD
         req, header = self._headers.pop((action.mb, direction))
-        req.Wait()
+        wait_politely(req)
         src_stage = action.stage - 1 if direction == ACT else action.stage + 1
         what = "activation" if direction == ACT else "gradient"
         me, them = self._label(self.stage, self.rank), self._label(src_stage, src)
@@ -151,7 +175,8 @@ class StageLink:
                 f"{expected} but received {spec}"
             )
         out = torch.empty(spec.shape, dtype=spec.dtype)
-        self.comm.Recv(_host_view(out), source=src, tag=self._tag(action.mb, direction) + 1)
+        wait_politely(self.comm.Irecv(_host_view(out), source=src,
+                                      tag=self._tag(action.mb, direction) + 1))
         if device is not None and device.type != "cpu":
             out = out.to(device)
         return out, int(header[5])
