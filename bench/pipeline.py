@@ -191,7 +191,7 @@ def one_process(model, batch, steps, x, y):
 
 
 def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
-                cut: list[int] | None = None) -> dict:
+                cut: list[int] | None = None, repeats: int = 3) -> dict:
     model = models.MODELS[name]()
     times = layer_times(model, micro) if RANK == 0 else None
     if cut is None:
@@ -203,22 +203,36 @@ def bench_model(name: str, micro: int, torch_micro: int, n_micro: int,
     torch_steps = max(2, n_micro // torch_micro)
     out = {"model": name, "stages": SIZE, "bounds": bounds, "micro_batch": micro,
            "layer_ms": [t * 1e3 for t in times] if times else None, "results": {}}
-    res = out["results"]
-    tdir = RESULTS / f"pipeline_timeline_{name}"
-    res["ours 1f1b"] = ours(model, bounds, micro, "1f1b", 1, n_micro, data, tdir / "1f1b")
-    res[f"ours 1f1b m={torch_micro}"] = ours(model, bounds, micro, "1f1b", torch_micro,
-                                             n_micro, data)
     batch = micro * torch_micro  # the samples per update of torch's step and one process
     big = MicroBatches(x, y, batch, seed=0)
     n_big = max(2 * SIZE, n_micro // torch_micro)
-    res[f"ours 1f1b mb={batch}"] = ours(model, bounds, batch, "1f1b", 1, n_big, big)
-    res[f"ours gpipe mb={batch}"] = ours(model, bounds, batch, "gpipe", SIZE, n_big, big)
-    res["ours gpipe"] = ours(model, bounds, micro, "gpipe", SIZE, n_micro, data, tdir / "gpipe")
-    res["ours gpipe m=4"] = ours(model, bounds, micro, "gpipe", torch_micro, n_micro, data)
-    for sname in ("1F1B", "GPipe"):
-        res[f"torch {sname}"] = torch_pipelining(model, bounds, micro, torch_micro,
-                                                 torch_steps, sname, x, y)
-    res["one process"] = one_process(model, micro * torch_micro, torch_steps, x, y)
+    tdir = RESULTS / f"pipeline_timeline_{name}"
+
+    def every_configuration(first: bool) -> dict[str, dict]:
+        res: dict[str, dict] = {}
+        res["ours 1f1b"] = ours(model, bounds, micro, "1f1b", 1, n_micro, data,
+                                tdir / "1f1b" if first else None)
+        res[f"ours 1f1b m={torch_micro}"] = ours(model, bounds, micro, "1f1b", torch_micro,
+                                                 n_micro, data)
+        res[f"ours 1f1b mb={batch}"] = ours(model, bounds, batch, "1f1b", 1, n_big, big)
+        res[f"ours gpipe mb={batch}"] = ours(model, bounds, batch, "gpipe", SIZE, n_big, big)
+        res["ours gpipe"] = ours(model, bounds, micro, "gpipe", SIZE, n_micro, data,
+                                 tdir / "gpipe" if first else None)
+        res["ours gpipe m=4"] = ours(model, bounds, micro, "gpipe", torch_micro, n_micro, data)
+        for sname in ("1F1B", "GPipe"):
+            res[f"torch {sname}"] = torch_pipelining(model, bounds, micro, torch_micro,
+                                                     torch_steps, sname, x, y)
+        res["one process"] = one_process(model, batch, torch_steps, x, y)
+        return res
+
+    # Rounds of every configuration in turn, the median round of each kept: a load change
+    # on this shared machine hits all configurations alike instead of one.
+    rounds = [every_configuration(first=r == 0) for r in range(repeats)]
+    res = out["results"]
+    for key in rounds[0]:
+        runs = sorted((r[key] for r in rounds), key=lambda v: v["throughput"])
+        res[key] = {**runs[len(runs) // 2],
+                    "throughput_rounds": [r[key]["throughput"] for r in rounds]}
     base = res["torch 1F1B"]["throughput"]
     out["speedup"] = {
         "1f1b_vs_torch_1f1b": res["ours 1f1b"]["throughput"] / base,
@@ -265,6 +279,8 @@ def main() -> int:
     parser.add_argument("--torch-micro-batches", type=int, default=4)
     parser.add_argument("--micro-batches", type=int, default=48,
                         help="micro-batches timed per configuration")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of every configuration; the median round is reported")
     parser.add_argument("--cut", help="layer boundaries of the first model, e.g. 0,6,12 "
                         "(default: balanced from per-layer timings)")
     parser.add_argument("--out", type=Path, default=RESULTS / "pipeline.json")
@@ -275,7 +291,7 @@ def main() -> int:
     for name in args.models.split(","):
         cut = [int(c) for c in args.cut.split(",")] if args.cut and not every else None
         r = bench_model(name, args.micro_batch, args.torch_micro_batches, args.micro_batches,
-                        cut)
+                        cut, args.repeats)
         every.append(r)
         if RANK == 0:
             print(f"\n{name}: {SIZE} stages, layers cut at {r['bounds']}, micro-batch "
