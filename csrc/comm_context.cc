@@ -131,17 +131,25 @@ void CommContext::poll_once(Operation& op, int peer, const char* phase) {
     }
   }
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_progress_ > std::chrono::microseconds(config_.spin_us)) sleep_us(config_.poll_us);
+  if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) return;
+  sleep_us(config_.poll_us);
+}
+
+void CommContext::completed(std::chrono::steady_clock::time_point wait_began, bool polled) {
+  const auto now = std::chrono::steady_clock::now();
+  if (polled) spinning_pays_ = now - wait_began <= std::chrono::microseconds(config_.spin_us);
+  last_progress_ = now;
 }
 
 void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
   op.waiting_on.store(peer);
   op.phase.store(phase);
-  for (;;) {
+  const auto began = std::chrono::steady_clock::now();
+  for (bool polled = false;; polled = true) {
     int done = 0;
     PSG_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), peer);
     if (done) {
-      last_progress_ = std::chrono::steady_clock::now();
+      completed(began, polled);
       return;
     }
     poll_once(op, peer, phase);
@@ -153,13 +161,14 @@ void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int pe
   if (reqs.empty()) return;
   op.waiting_on.store(peer);
   op.phase.store(phase);
-  for (;;) {
+  const auto began = std::chrono::steady_clock::now();
+  for (bool polled = false;; polled = true) {
     int done = 0;
     PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
                               MPI_STATUSES_IGNORE),
                   peer);
     if (done) {
-      last_progress_ = std::chrono::steady_clock::now();
+      completed(began, polled);
       return;
     }
     poll_once(op, peer, phase);

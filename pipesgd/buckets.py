@@ -7,9 +7,11 @@ which backward produces gradients, so the first bucket is the first one ready.
 
 `GradientBuckets` owns `sets` copies of every bucket's flat buffer, allocated once. A
 caller packs the parameters' gradients into set `s`, submits bucket by bucket to an
-engine, and later unpacks the reduced buffers back into the gradients. Nothing here knows
-about staleness or optimizers: the data-parallel optimizer, the DDP hook and replicated
-pipeline stages all use it the same way.
+engine, and later unpacks the reduced buffers back into the gradients. A caller may also
+lend the buffers out as the gradients themselves (`param_views`, DDP's
+gradient-as-bucket-view): backward then accumulates straight into them and packing one
+is free. Nothing here knows about staleness or optimizers: the data-parallel optimizer,
+the DDP hook and replicated pipeline stages all use it the same way.
 """
 
 from __future__ import annotations
@@ -150,6 +152,11 @@ class GradientBuckets:
             for s in self.layout.buckets[bucket].slots
         ]
 
+    def param_views(self, set_index: int) -> list[Tensor]:
+        """Every parameter's gradient-shaped view into set `set_index`, by parameter index."""
+        views = dict(pair for b in range(self.num_buckets) for pair in self.views(set_index, b))
+        return [views[i] for i in range(len(self.params))]
+
     def missing_grads(self, bucket: int | None = None) -> list[int]:
         """Indices of parameters (of one bucket, or all) whose `.grad` is None."""
         if bucket is None:
@@ -161,6 +168,8 @@ class GradientBuckets:
     def pack(self, set_index: int, bucket: int) -> Tensor:
         """Copy the bucket's parameters' gradients into its flat buffer; return the buffer.
 
+        A gradient that already is its view of the buffer (`param_views`) is not copied.
+
         Raises:
             ValueError: a parameter of the bucket has no gradient.
         """
@@ -168,7 +177,8 @@ class GradientBuckets:
             grad = self.params[param].grad
             if grad is None:
                 raise ValueError(f"parameter {param} has no gradient to pack")
-            view.copy_(grad)
+            if not is_view(grad, view):
+                view.copy_(grad)
         return self.buffers[set_index][bucket]
 
     def unpack(self, set_index: int, bucket: int) -> None:
@@ -193,3 +203,8 @@ class GradientBuckets:
         return engine.allreduce_async(
             self.buffers[set_index][bucket], op=op, compression=compression
         )
+
+
+def is_view(tensor: Tensor, view: Tensor) -> bool:
+    """True when `tensor` is `view`'s memory seen the same way (so a copy would be a no-op)."""
+    return tensor.data_ptr() == view.data_ptr() and tensor.stride() == view.stride()

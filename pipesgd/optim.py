@@ -12,12 +12,16 @@ gradient is applied exactly once and in order; the K - 1 steps right after the s
 optimizer state untouched.
 
 Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated once.
+With overlap="sequential" the buckets are the gradients (as DDP's gradient_as_bucket_view):
+`zero_grad()` points every `.grad` at its zeroed view of the set the next backward fills,
+and `step()` points them at the set being applied, so no gradient is copied in or out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
-from pipesgd.buckets import GradientBuckets
+from pipesgd.buckets import GradientBuckets, is_view
 from pipesgd.buffers import COMPRESSIONS
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
@@ -77,8 +81,10 @@ class DistributedOptimizer:
         compression: "none", "trunc16" or "quant8" (float32 parameters only).
         bucket_mb: target size of one flat gradient bucket in MiB.
         warmup_steps: number of first iterations run with K = 1.
-        overlap: "sequential" submits all buckets in `step()`; "backward" submits each
-            bucket from a post-accumulate-grad hook as soon as its gradients are ready.
+        overlap: "sequential" submits all buckets in `step()`, and the gradients live in
+            the buckets (see `zero_grad`); "backward" submits each bucket from a
+            post-accumulate-grad hook as soon as its gradients are ready, copying them out
+            (in flight they would race with code reading `.grad` before `step()`).
         engine: the engine to reduce on (default: `pipesgd.init(comm)`).
         comm: communicator of the ranks taking part (default COMM_WORLD); used for the
             construction-time check.
@@ -148,12 +154,16 @@ class DistributedOptimizer:
         self._current: list[Handle | None] | None = None  # backward mode: this iteration
         self._next_bucket = 0
         self._remaining: list[int] = []
-        self._seen = [False] * len(self.params)
+        self._seen = [False] * len(self.params)  # gradient accumulated this iteration
         self._hooks: list[Any] = []
+        # [set][parameter]: gradients lent out as views of the buckets (sequential only).
+        self._grad_views: list[list[Tensor]] = []
         if overlap == "backward":
             self._reset_backward_state()
-            for index, p in enumerate(self.params):
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
+        else:
+            self._grad_views = [self.buckets.param_views(s) for s in range(staleness)]
+        for index, p in enumerate(self.params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
 
     # -- the torch.optim.Optimizer surface -------------------------------------------------
 
@@ -175,7 +185,21 @@ class DistributedOptimizer:
         return self._iteration
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        """Zero the gradients before the next backward.
+
+        With overlap="sequential" every `.grad` becomes a zeroed view of the bucket the
+        next backward fills, whatever `set_to_none` says: backward accumulates straight
+        into the buffer the allreduce sends. `model.zero_grad()` also works (the
+        gradients are then copied into the buckets in `step()`).
+        """
+        if not self._grad_views:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+            return
+        fill = self._iteration % self.staleness  # never in flight: see step()
+        for flat in self.buckets.buffers[fill]:
+            flat.zero_()
+        for p, view in zip(self.params, self._grad_views[fill], strict=True):
+            p.grad = view
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise NotImplementedError(
@@ -214,17 +238,27 @@ class DistributedOptimizer:
             due = self._inflight.popleft()
             wait_s = self._wait(due)
             begin = time.perf_counter()
-            for bucket in range(self.buckets.num_buckets):
-                self.buckets.unpack(due.set_index, bucket)
+            if self._grad_views:
+                # The applied set is the one the next iteration fills ((t + 1) mod K),
+                # so these views stay valid until zero_grad() zeroes them.
+                for p, view in zip(self.params, self._grad_views[due.set_index], strict=True):
+                    p.grad = view
+            else:
+                for bucket in range(self.buckets.num_buckets):
+                    self.buckets.unpack(due.set_index, bucket)
             self.optimizer.step()
             update_s = time.perf_counter() - begin
-        elif hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
-            # An LR scheduler tracks whether the optimizer stepped this iteration; a step
-            # with nothing due still is one, so do not let it warn about the call order.
-            self.optimizer._opt_called = True
+        else:
+            self._lend_no_inflight_gradient(set_index)
+            if hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
+                # An LR scheduler tracks whether the optimizer stepped this iteration; a
+                # step with nothing due still is one, so do not let it warn about the order.
+                self.optimizer._opt_called = True
         self._iteration = t + 1
         if self.overlap == "backward":
             self._reset_backward_state()
+        else:
+            self._seen = [False] * len(self.params)
         self.timing = StepTiming(submitted - start, wait_s, update_s)
         return loss
 
@@ -307,10 +341,19 @@ class DistributedOptimizer:
             )
 
     def remove_hooks(self) -> None:
-        """Detach the backward hooks (overlap="backward")."""
+        """Detach the backward hooks, e.g. before dropping this optimizer.
+
+        Later steps copy gradients in and out of the buckets instead of lending them, so
+        the `.grad`s that are views of the buckets become copies of them.
+        """
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
+        for views in self._grad_views:
+            for p, view in zip(self.params, views, strict=True):
+                if p.grad is not None and is_view(p.grad, view):
+                    p.grad = view.clone()
+        self._grad_views = []
 
     # -- internals --------------------------------------------------------------------------
 
@@ -336,8 +379,9 @@ class DistributedOptimizer:
         return PipesgdError(
             f"step() of iteration {t}: {names}{more} has no gradient. Every rank "
             "must reduce the same buckets, so each parameter given to DistributedOptimizer "
-            "needs a gradient every iteration: run backward() before step(), or leave unused "
-            "parameters out of named_parameters (or set requires_grad=False on them)"
+            "needs a gradient every iteration (from backward(), or assigned to .grad): run "
+            "backward() before step(), or leave unused parameters out of named_parameters "
+            "(or set requires_grad=False on them)"
         )
 
     def _submit_all(self, t: int, set_index: int) -> list[Handle | None]:
@@ -351,6 +395,13 @@ class DistributedOptimizer:
         missing = [
             i for b in range(start, self.buckets.num_buckets) for i in self.buckets.missing_grads(b)
         ]
+        if self._grad_views:
+            # A zeroed view that backward never reached is a missing gradient too.
+            missing += [
+                i for i, (p, view) in enumerate(zip(self.params, self._grad_views[set_index],
+                                                    strict=True))
+                if not self._seen[i] and p.grad is not None and is_view(p.grad, view)
+            ]
         if missing:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
@@ -374,13 +425,32 @@ class DistributedOptimizer:
         self._remaining = [len(b.slots) for b in self.buckets.layout.buckets]
         self._seen = [False] * len(self.params)
 
+    def _lend_no_inflight_gradient(self, set_index: int) -> None:
+        """Drop `.grad`s that are views of set `set_index`, which was just submitted.
+
+        After a step that applied nothing, the gradients just submitted are in flight on
+        the communication thread; nobody may read or zero them until they are reduced.
+        """
+        if not self._grad_views:
+            return
+        for p, view in zip(self.params, self._grad_views[set_index], strict=True):
+            if p.grad is not None and is_view(p.grad, view):
+                p.grad = None
+
     def _make_hook(self, index: int) -> Callable[[Tensor], None]:
+        owner = weakref.ref(self)  # the parameters' hooks must not keep the optimizer alive
+
         def hook(_: Tensor) -> None:
-            self._on_grad_ready(index)
+            optimizer = owner()
+            if optimizer is not None:
+                optimizer._on_grad_ready(index)
 
         return hook
 
     def _on_grad_ready(self, index: int) -> None:
+        if self.overlap == "sequential":
+            self._seen[index] = True  # accumulating over several backwards is fine here
+            return
         if self._seen[index]:
             raise PipesgdError(
                 f"the gradient of {self.names[index]!r} was accumulated twice before step(): "

@@ -197,3 +197,86 @@ def test_timing_is_reported(engine) -> None:
     backward(model, 0)
     opt.step()
     assert opt.timing.submit_s > 0 and opt.timing.update_s > 0 and opt.timing.wait_s >= 0
+
+
+def bucket_of(opt: DistributedOptimizer, grad: torch.Tensor) -> tuple[int, int] | None:
+    """(set, bucket) whose flat buffer holds `grad`'s memory, or None."""
+    for s, buffers in enumerate(opt.buckets.buffers):
+        for b, flat in enumerate(buffers):
+            start = flat.data_ptr()
+            if start <= grad.data_ptr() < start + flat.numel() * flat.element_size():
+                return s, b
+    return None
+
+
+def test_sequential_gradients_live_in_the_buckets(engine) -> None:
+    """zero_grad() lends each parameter its zeroed slot of the set the next backward fills;
+    step() points .grad at the set it applies, and at nothing while the set is in flight."""
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), staleness=2,
+                               bucket_mb=5e-5, engine=engine)
+    assert opt.buckets.num_buckets > 1
+    reference = make_model()
+    local = []
+    for t in range(3):
+        reference.zero_grad()
+        backward(reference, t)
+        local.append([p.grad.clone() for p in reference.parameters()])
+
+        opt.zero_grad()
+        for p in model.parameters():
+            assert bucket_of(opt, p.grad)[0] == t % 2
+            assert not p.grad.any()
+        backward(model, t)
+        opt.step()
+        if t == 0:  # nothing due: the gradient just submitted is not lent out
+            assert all(p.grad is None for p in model.parameters())
+            continue
+        for p, applied in zip(model.parameters(), local[t - 1], strict=True):
+            assert bucket_of(opt, p.grad)[0] == (t - 1) % 2
+            # p = 1: the average is the local gradient, taken at the weights of t - 1.
+            assert torch.equal(p.grad, applied)
+        reference.load_state_dict(model.state_dict())
+
+
+def test_unused_parameter_is_missing_although_its_gradient_is_a_zeroed_view(engine) -> None:
+    model = nn.Module()
+    model.net, model.unused = make_model(), nn.Linear(3, 3)
+    extra = model.unused
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), engine=engine)
+    opt.zero_grad()
+    backward(model.net, 0)
+    assert extra.weight.grad is not None and not extra.weight.grad.any()
+    with pytest.raises(pipesgd.PipesgdError, match=r"'unused.weight', 'unused.bias' has no"):
+        opt.step()
+
+
+@pytest.mark.parametrize("style", ["model.zero_grad", "assigned", "hooks removed"])
+def test_gradients_outside_the_buckets_give_the_same_training(engine, style: str) -> None:
+    """Gradients made elsewhere than in the lent views are copied in: same parameters."""
+    def train(style: str) -> nn.Module:
+        model = make_model()
+        opt = DistributedOptimizer(sgd(model), model.named_parameters(), staleness=3,
+                                   bucket_mb=1e-4, engine=engine)
+        for t in range(7):
+            if style == "hooks removed" and t == 3:
+                opt.remove_hooks()
+            if style == "model.zero_grad":
+                model.zero_grad()
+            elif style == "assigned":
+                probe = make_model()
+                probe.load_state_dict(model.state_dict())
+                backward(probe, t)
+                for p, q in zip(model.parameters(), probe.parameters(), strict=True):
+                    p.grad = q.grad
+            else:
+                opt.zero_grad()
+            if style != "assigned":
+                backward(model, t)
+            opt.step()
+        opt.synchronize()
+        return model
+
+    lent, other = train("lent"), train(style)
+    for (name, a), b in zip(lent.named_parameters(), other.parameters(), strict=True):
+        assert torch.equal(a, b), name

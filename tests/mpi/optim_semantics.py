@@ -2,7 +2,8 @@
 
 Usage: optim_semantics.py SCENARIO
   sync     K = 1 on p ranks == one process training on the concatenated batches.
-  delayed  K = 2, 3 (with and without warm-up, both overlap modes), SGD with momentum and
+  delayed  K = 2, 3 (with and without warm-up, both overlap modes, gradients lent from the
+           buckets or made by model.zero_grad() + backward), SGD with momentum and
            weight decay, and Adam == an independent simulation of the delayed update.
   bitwise  parameters identical across ranks for every compression.
 """
@@ -62,7 +63,8 @@ def assert_identical_across_ranks(model: nn.Module, what: str) -> None:
 
 
 def train_distributed(kind: str, staleness: int, warmup: int, overlap: str,
-                      compression: str = "none", steps: int = STEPS) -> nn.Module:
+                      compression: str = "none", steps: int = STEPS,
+                      zero: str = "optimizer") -> nn.Module:
     model = make_model()
     opt = DistributedOptimizer(inner(kind, model.parameters()), model.named_parameters(),
                                staleness=staleness, warmup_steps=warmup, overlap=overlap,
@@ -70,7 +72,7 @@ def train_distributed(kind: str, staleness: int, warmup: int, overlap: str,
     assert opt.buckets.num_buckets > 1
     for t in range(steps):
         x, y = shard(t, RANK)
-        opt.zero_grad()
+        (opt if zero == "optimizer" else model).zero_grad()
         F.cross_entropy(model(x), y).backward()
         opt.step()
     opt.remove_hooks()
@@ -145,10 +147,13 @@ def scenario_sync() -> None:
 
 def scenario_delayed() -> None:
     for kind in ("sgd", "adam"):
-        for staleness, warmup, overlap in ((2, 0, "sequential"), (3, 0, "backward"),
-                                           (2, 3, "backward"), (3, 4, "sequential")):
-            what = f"{kind} K={staleness} warmup={warmup} {overlap}"
-            model = train_distributed(kind, staleness, warmup, overlap)
+        for staleness, warmup, overlap, zero in (
+            (2, 0, "sequential", "optimizer"), (3, 0, "backward", "optimizer"),
+            (2, 3, "backward", "optimizer"), (3, 4, "sequential", "optimizer"),
+            (2, 1, "sequential", "model"),
+        ):
+            what = f"{kind} K={staleness} warmup={warmup} {overlap} {zero}.zero_grad"
+            model = train_distributed(kind, staleness, warmup, overlap, zero=zero)
             check_close(model, simulate_delayed(kind, staleness, warmup), what)
             assert_identical_across_ranks(model, what)
 
