@@ -49,7 +49,13 @@ CONFIGS = ("ddp", "ps-sync", *PIPESGD_CONFIGS)
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """How each model is trained, identical for every configuration."""
+    """How each model is trained at `RECIPE_RANKS` ranks, identical for every configuration.
+
+    On p ranks a run keeps the same number of iterations (epochs × p / RECIPE_RANKS: an
+    epoch has fewer iterations when the global batch grows) and warms up for
+    warmup_steps × p / RECIPE_RANKS iterations: the switch to K = 2 hurts more at a larger
+    global batch (BENCHMARKS.md, training p = 4).
+    """
 
     epochs: int
     batch_size: int
@@ -63,6 +69,7 @@ class Recipe:
 # Long enough for every configuration to reach its plateau on digits, so the accuracy
 # column compares where the runs end, not how fast one staleness step starts. The CNN
 # warms up synchronously for two epochs at p = 2, as the paper does for AlexNet.
+RECIPE_RANKS = 2
 RECIPES = {
     "mlp": Recipe(epochs=30, batch_size=64, optimizer="sgd", lr=0.05, momentum=0.9),
     "cnn": Recipe(epochs=15, batch_size=32, optimizer="sgd", lr=0.01, momentum=0.9,
@@ -250,6 +257,10 @@ def main() -> int:
     where = f"p={comm.size}, " + (f"{rate / 1e9:g} Gbit/s links" if rate else "shared memory")
     results: list[loop.RunResult] = []
     comm_s: dict[tuple[str, str], float] = {}
+
+    def scale(count: int) -> int:
+        return round(count * comm.size / RECIPE_RANKS)
+
     for model in args.models.split(","):
         recipe = RECIPES[model]
         for name in configs:
@@ -257,13 +268,13 @@ def main() -> int:
             config = loop.TrainConfig(
                 model=model,
                 data="digits",
-                epochs=args.epochs or recipe.epochs,
+                epochs=args.epochs or scale(recipe.epochs),
                 batch_size=recipe.batch_size,
                 optimizer=recipe.optimizer,
                 lr=args.lr or recipe.lr,
                 momentum=recipe.momentum,
                 lr_schedule=recipe.lr_schedule,
-                warmup_steps=recipe.warmup_steps if staleness > 1 else 0,
+                warmup_steps=scale(recipe.warmup_steps) if staleness > 1 else 0,
                 staleness=staleness,
                 compression=compression,
                 bucket_mb=args.bucket_mb,
