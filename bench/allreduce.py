@@ -87,8 +87,11 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: Callable[[], None],
-                  repeat: int, warmup: int) -> dict[str, float]:
-    """Median over repetitions of the slowest rank's time, for every variant.
+                  repeat: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """(median slowest-rank time, median CPU time) over repetitions, for every variant.
+
+    CPU time is the process's (all threads, user + system) during the operation,
+    averaged over ranks: what the operation takes from a compute thread sharing the cores.
 
     Repetitions are interleaved (A B C A B C ...), so a change in machine load during
     the run hits every variant alike and the ratios between them stay meaningful.
@@ -97,16 +100,23 @@ def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: C
     from mpi4py import MPI
 
     times: dict[str, list[float]] = {label: [] for label, _ in variants}
+    cpus: dict[str, list[float]] = {label: [] for label, _ in variants}
     for i in range(warmup + repeat):
         for label, op in variants:
             reset()
             comm.Barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             op()
-            elapsed = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+            elapsed = comm.allreduce(elapsed, op=MPI.MAX)
+            cpu = comm.allreduce(cpu, op=MPI.SUM) / comm.size
             if i >= warmup:
                 times[label].append(elapsed)
-    return {label: statistics.median(t) for label, t in times.items()}
+                cpus[label].append(cpu)
+    return {
+        label: (statistics.median(times[label]), statistics.median(cpus[label]))
+        for label in times
+    }
 
 
 def run(args: argparse.Namespace) -> None:
@@ -141,7 +151,7 @@ def run(args: argparse.Namespace) -> None:
             variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
         medians = time_variants(comm, variants, lambda b=buf, o=original: np.copyto(b, o),
                                 args.repeat, args.warmup)
-        for label, t in medians.items():
+        for label, (t, cpu) in medians.items():
             algbw = nbytes / t / 1e9
             busbw = algbw * 2 * (p - 1) / p if p > 1 else algbw
             record = {
@@ -151,6 +161,7 @@ def run(args: argparse.Namespace) -> None:
                 "time_s": t,
                 "algbw_GBps": algbw,
                 "busbw_GBps": busbw,
+                "cpu_s": cpu,
             }
             row = {
                 "size": format_size(nbytes),
@@ -158,6 +169,7 @@ def run(args: argparse.Namespace) -> None:
                 "time ms": t * 1e3,
                 "algbw GB/s": algbw,
                 "busbw GB/s": busbw,
+                "cpu ms": cpu * 1e3,
             }
             if rate:
                 bound = 2 * (p - 1) / p * nbytes * 8 / rate
