@@ -141,13 +141,14 @@ void CommContext::completed(std::chrono::steady_clock::time_point wait_began, bo
   last_progress_ = now;
 }
 
-void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
+template <typename Test>
+void CommContext::poll_until(Test test, Operation& op, int peer, const char* phase) {
   op.waiting_on.store(peer);
   op.phase.store(phase);
   const auto began = std::chrono::steady_clock::now();
   for (bool polled = false;; polled = true) {
     int done = 0;
-    PSG_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), peer);
+    test(&done);
     if (done) {
       completed(began, polled);
       return;
@@ -156,23 +157,21 @@ void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* ph
   }
 }
 
+void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
+  poll_until([&](int* done) { PSG_MPI_CHECK(MPI_Test(&req, done, MPI_STATUS_IGNORE), peer); },
+             op, peer, phase);
+}
+
 void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer,
                            const char* phase) {
   if (reqs.empty()) return;
-  op.waiting_on.store(peer);
-  op.phase.store(phase);
-  const auto began = std::chrono::steady_clock::now();
-  for (bool polled = false;; polled = true) {
-    int done = 0;
-    PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
-                              MPI_STATUSES_IGNORE),
-                  peer);
-    if (done) {
-      completed(began, polled);
-      return;
-    }
-    poll_once(op, peer, phase);
-  }
+  poll_until(
+      [&](int* done) {
+        PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), done,
+                                  MPI_STATUSES_IGNORE),
+                      peer);
+      },
+      op, peer, phase);
 }
 
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {

@@ -86,6 +86,9 @@ class CommContext {
   void post_control_receive();
   void poll_once(Operation& op, int peer, const char* phase);
   void completed(std::chrono::steady_clock::time_point wait_began, bool polled);
+  // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
+  template <typename Test>
+  void poll_until(Test test, Operation& op, int peer, const char* phase);
 
   MPI_Comm comm_;
   int rank_ = 0;

@@ -349,10 +349,9 @@ class DistributedOptimizer:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        for views in self._grad_views:
-            for p, view in zip(self.params, views, strict=True):
-                if p.grad is not None and is_view(p.grad, view):
-                    p.grad = view.clone()
+        for s in range(len(self._grad_views)):
+            for i in self._lent(s):
+                self.params[i].grad = self.params[i].grad.clone()
         self._grad_views = []
 
     # -- internals --------------------------------------------------------------------------
@@ -397,11 +396,7 @@ class DistributedOptimizer:
         ]
         if self._grad_views:
             # A zeroed view that backward never reached is a missing gradient too.
-            missing += [
-                i for i, (p, view) in enumerate(zip(self.params, self._grad_views[set_index],
-                                                    strict=True))
-                if not self._seen[i] and p.grad is not None and is_view(p.grad, view)
-            ]
+            missing += [i for i in self._lent(set_index) if not self._seen[i]]
         if missing:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
@@ -433,9 +428,16 @@ class DistributedOptimizer:
         """
         if not self._grad_views:
             return
-        for p, view in zip(self.params, self._grad_views[set_index], strict=True):
-            if p.grad is not None and is_view(p.grad, view):
-                p.grad = None
+        for i in self._lent(set_index):
+            self.params[i].grad = None
+
+    def _lent(self, set_index: int) -> list[int]:
+        """Indices of the parameters whose `.grad` is their view of set `set_index`."""
+        return [
+            i for i, (p, view) in enumerate(zip(self.params, self._grad_views[set_index],
+                                                strict=True))
+            if p.grad is not None and is_view(p.grad, view)
+        ]
 
     def _make_hook(self, index: int) -> Callable[[Tensor], None]:
         owner = weakref.ref(self)  # the parameters' hooks must not keep the optimizer alive

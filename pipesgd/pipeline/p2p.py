@@ -52,14 +52,33 @@ def _env_seconds(name: str, default_us: float) -> float:
                          f"{os.environ[name]!r}") from exc
 
 
-def wait_politely(request: MPI.Request) -> None:
-    """Wait for `request` as the engine's comm thread does: test without pause for
-    PIPESGD_SPIN_US (default 100 µs), then test and sleep PIPESGD_POLL_US (50 µs).
+@dataclass(frozen=True)
+class Polling:
+    """How long a wait tests without pause, then how long it sleeps between tests."""
+
+    spin_s: float
+    poll_s: float
+
+    @classmethod
+    def from_env(cls) -> Polling:
+        """PIPESGD_SPIN_US (default 100 µs) and PIPESGD_POLL_US (50 µs), as the engine reads.
+
+        Raises:
+            ValueError: a variable is not a number (the message names it).
+        """
+        return cls(_env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50))
+
+
+def wait_politely(request: MPI.Request, polling: Polling | None = None) -> None:
+    """Wait for `request` as the engine's comm thread does on shared memory: test without
+    pause for `polling.spin_s`, then test and sleep `polling.poll_s` (None: from the
+    environment).
 
     MPI's own Wait spins, which takes a core from the ranks that compute when stages share
     cores (more stages than cores, or a stage beside its replica's comm thread).
     """
-    spin, poll = _env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50)
+    polling = Polling.from_env() if polling is None else polling
+    spin, poll = polling.spin_s, polling.poll_s
     deadline = time.perf_counter() + spin
     while not request.Test():
         if time.perf_counter() > deadline:
@@ -109,6 +128,7 @@ class StageLink:
         self.expected_in: TensorSpec | None = None
         self.expected_out: TensorSpec | None = None
         self.bytes_sent = 0
+        self._polling = Polling.from_env()  # read once, not on every receive
 
     def _tag(self, mb: int, direction: int) -> int:
         return 16 + ((mb % self._tag_period) * 2 + direction) * 2
@@ -155,7 +175,7 @@ class StageLink:
         self.post(action, src)
         direction = ACT if action.kind == "RF" else GRAD
         req, header = self._headers.pop((action.mb, direction))
-        wait_politely(req)
+        wait_politely(req, self._polling)
         src_stage = action.stage - 1 if direction == ACT else action.stage + 1
         what = "activation" if direction == ACT else "gradient"
         me, them = self._label(self.stage, self.rank), self._label(src_stage, src)
@@ -176,7 +196,7 @@ class StageLink:
             )
         out = torch.empty(spec.shape, dtype=spec.dtype)
         wait_politely(self.comm.Irecv(_host_view(out), source=src,
-                                      tag=self._tag(action.mb, direction) + 1))
+                                      tag=self._tag(action.mb, direction) + 1), self._polling)
         if device is not None and device.type != "cpu":
             out = out.to(device)
         return out, int(header[5])

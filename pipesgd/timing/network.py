@@ -257,12 +257,11 @@ class _Spinner:
 
         self._a = np.linspace(1.0, 2.0, 16 << 10, dtype=np.float32)  # 64 KiB: stays in cache
         self._b = np.empty_like(self._a)
+        self._sqrt = np.sqrt
 
     def unit(self) -> None:
-        import numpy as np
-
         for _ in range(16):
-            np.sqrt(self._a, out=self._b)
+            self._sqrt(self._a, out=self._b)
 
     def rate(self, comm: Any, seconds: float) -> float:
         """Units per second with every rank spinning and no communication (collective)."""
