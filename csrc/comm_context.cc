@@ -142,7 +142,8 @@ void CommContext::completed(std::chrono::steady_clock::time_point wait_began, bo
 }
 
 template <typename Test>
-void CommContext::poll_until(Test test, Operation& op, int peer, const char* phase) {
+void CommContext::poll_until(Test test, Operation& op, int peer, const char* phase,
+                             bool teaches_spin) {
   op.waiting_on.store(peer);
   op.phase.store(phase);
   const auto began = std::chrono::steady_clock::now();
@@ -150,16 +151,25 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
     int done = 0;
     test(&done);
     if (done) {
-      completed(began, polled);
+      completed(began, polled && teaches_spin);
       return;
     }
     poll_once(op, peer, phase);
   }
 }
 
-void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
+void CommContext::wait_one(MPI_Request& req, Operation& op, int peer, const char* phase,
+                           bool teaches_spin) {
   poll_until([&](int* done) { PSG_MPI_CHECK(MPI_Test(&req, done, MPI_STATUS_IGNORE), peer); },
-             op, peer, phase);
+             op, peer, phase, teaches_spin);
+}
+
+void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
+  wait_one(req, op, peer, phase, /*teaches_spin=*/true);
+}
+
+void CommContext::wait_for_peer(MPI_Request& req, Operation& op, int peer, const char* phase) {
+  wait_one(req, op, peer, phase, /*teaches_spin=*/false);
 }
 
 void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer,
@@ -171,7 +181,7 @@ void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int pe
                                   MPI_STATUSES_IGNORE),
                       peer);
       },
-      op, peer, phase);
+      op, peer, phase, /*teaches_spin=*/true);
 }
 
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {

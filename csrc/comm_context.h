@@ -63,6 +63,10 @@ class CommContext {
   // if abort() was called, or if MPI fails. Prints a stall warning once per op.
   void wait(MPI_Request& req, Operation& op, int peer, const char* phase);
   void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
+  // The same for a wait whose length says how late the peer started, not how
+  // fast the link is (an operation's header): it does not teach the spin rule,
+  // so one late peer does not put a shared-memory ring to sleep between segments.
+  void wait_for_peer(MPI_Request& req, Operation& op, int peer, const char* phase);
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).
   void broadcast_failure(const Operation& op, const std::string& message);
@@ -88,7 +92,8 @@ class CommContext {
   void completed(std::chrono::steady_clock::time_point wait_began, bool polled);
   // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
   template <typename Test>
-  void poll_until(Test test, Operation& op, int peer, const char* phase);
+  void poll_until(Test test, Operation& op, int peer, const char* phase, bool teaches_spin);
+  void wait_one(MPI_Request& req, Operation& op, int peer, const char* phase, bool teaches_spin);
 
   MPI_Comm comm_;
   int rank_ = 0;
