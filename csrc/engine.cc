@@ -1,14 +1,11 @@
 #include "engine.h"
 
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
-
 #include <chrono>
 #include <stdexcept>
 
 #include "allreduce/ring.h"
 #include "mpi_check.h"
+#include "thread_sched.h"
 #include "transport.h"
 
 namespace pipesgd {
@@ -112,11 +109,7 @@ void Engine::execute(Operation& op) {
 }
 
 void Engine::comm_thread_main() {
-#ifdef __linux__
-  // Short polling sleeps are only short if the kernel may not stretch them by
-  // the default 50 us timer slack.
-  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-#endif
+  tune_comm_thread(config_.comm_slice_us);
   while (auto op = queue_.pop()) execute(*op);
   ctx_->close(/*clean=*/poisoned_.empty());
   drained_.set_value();

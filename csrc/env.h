@@ -17,6 +17,8 @@ struct EnvConfig {
   // ...except right after a request completed: the next one is often about to
   // complete too, so for this long the comm thread tests without sleeping.
   int spin_us = 100;
+  // EEVDF slice the comm thread asks for (thread_sched.h); 0: the kernel's default.
+  int comm_slice_us = 100;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
   // shutdown() lets in-flight operations finish for this long, then fails them.
@@ -24,6 +26,7 @@ struct EnvConfig {
 };
 
 // PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_SPIN_US,
+// PIPESGD_COMM_SLICE_US,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();
 

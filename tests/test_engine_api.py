@@ -1,6 +1,9 @@
 """Single-process checks of the Python API: validation before queueing, handles,
 the default engine. (p = 1: MPI is initialized as a singleton in this process.)"""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -79,3 +82,44 @@ def test_default_engine_lifecycle() -> None:
     pipesgd.shutdown()
     pipesgd.shutdown()  # twice is fine
     assert not pipesgd.is_initialized()
+
+
+
+def _comm_thread_slices() -> dict[int, int]:
+    """Thread id -> se.slice (ns) of every thread named pipesgd-comm in this process."""
+    slices = {}
+    for task in Path("/proc/self/task").iterdir():
+        if (task / "comm").read_text().strip() != "pipesgd-comm":
+            continue
+        for line in (task / "sched").read_text().splitlines():
+            if line.startswith("se.slice"):
+                slices[int(task.name)] = int(line.split(":")[1])
+    return slices
+
+
+def _new_comm_thread_slice() -> int:
+    """se.slice of the comm thread of a new engine, read while it runs."""
+    before = _comm_thread_slices()
+    e = pipesgd.Engine()
+    try:
+        e.allreduce(np.ones(4, np.float32))  # the thread has started and tuned itself
+        new = {tid: ns for tid, ns in _comm_thread_slices().items() if tid not in before}
+    finally:
+        e.shutdown()
+    assert len(new) == 1, f"expected one new pipesgd-comm thread, found {new}"
+    return next(iter(new.values()))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="scheduler slices are a Linux feature")
+def test_comm_thread_asks_for_a_short_slice(monkeypatch) -> None:
+    kernel_default = next(
+        int(line.split(":")[1])
+        for line in Path("/proc/thread-self/sched").read_text().splitlines()
+        if line.startswith("se.slice")
+    )
+    assert kernel_default != 100_000
+    assert _new_comm_thread_slice() == 100_000
+    monkeypatch.setenv("PIPESGD_COMM_SLICE_US", "250")
+    assert _new_comm_thread_slice() == 250_000
+    monkeypatch.setenv("PIPESGD_COMM_SLICE_US", "0")
+    assert _new_comm_thread_slice() == kernel_default

@@ -1,0 +1,57 @@
+#include "thread_sched.h"
+
+#ifdef __linux__
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#endif
+
+namespace pipesgd {
+namespace {
+
+#ifdef __linux__
+// struct sched_attr of the sched_setattr(2) ABI (glibc before 2.41 has no
+// wrapper, and <linux/sched/types.h> clashes with <sched.h>).
+struct SchedAttr {
+  std::uint32_t size;
+  std::uint32_t sched_policy;
+  std::uint64_t sched_flags;
+  std::int32_t sched_nice;
+  std::uint32_t sched_priority;
+  std::uint64_t sched_runtime;
+  std::uint64_t sched_deadline;
+  std::uint64_t sched_period;
+  std::uint32_t sched_util_min;
+  std::uint32_t sched_util_max;
+};
+#endif
+
+}  // namespace
+
+std::string tune_comm_thread(int slice_us) {
+#ifdef __linux__
+  prctl(PR_SET_NAME, "pipesgd-comm", 0UL, 0UL, 0UL);  // as top -H and /proc show it
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  if (slice_us <= 0) return "";
+  SchedAttr attr{};
+  if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) {
+    return std::string("sched_getattr: ") + std::strerror(errno);
+  }
+  if (attr.sched_policy != SCHED_OTHER) return "";  // the user chose a policy: keep it
+  attr.size = sizeof attr;
+  attr.sched_runtime = static_cast<std::uint64_t>(slice_us) * 1000ULL;
+  if (syscall(SYS_sched_setattr, 0, &attr, 0) != 0) {
+    return std::string("sched_setattr: ") + std::strerror(errno);
+  }
+#else
+  (void)slice_us;
+#endif
+  return "";
+}
+
+}  // namespace pipesgd
