@@ -353,10 +353,18 @@ class EmulatedNetwork:
         self._shape(namespace, IFNAME, self.latency_s)  # upload
         self._shape(self.switch, port, 0.0)  # download
 
+    @property
+    def burst_bytes(self) -> int:
+        """Bytes each shaped link sends at line rate after idling (htb's burst).
+
+        It must hold one 64 KiB GSO packet; beyond that it only adds start-up slack. The
+        timing model measures it (`measure_network`'s burst_bytes).
+        """
+        return max(64 * 1024 + self.mtu, self.rate_bps // 8 // 1000)
+
     def _shape(self, namespace: str, dev: str, latency_s: float) -> None:
         rate = f"{self.rate_bps}bit"
-        # Burst must hold one 64 KiB GSO packet; beyond that it only adds start-up slack.
-        burst = max(64 * 1024 + self.mtu, self.rate_bps // 8 // 1000)
+        burst = self.burst_bytes
         quantum = min(200_000, max(self.mtu + 14, self.rate_bps // 8 // 1000))
         self._tc(
             namespace, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"

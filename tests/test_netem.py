@@ -114,6 +114,20 @@ def test_ring_moves_expected_bytes_at_link_rate(net3) -> None:
 
 
 @needs_netns
+def test_timing_model_measures_the_links_burst(net3) -> None:
+    """measure_network's burst probe finds the token bucket the emulator configured."""
+    run = net3.run(
+        [sys.executable, PROBE, "burst", str(RATE_BPS)],
+        capture_output=True, timeout=60, env=mpi_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, f"burst probe failed:\n{run.output}"
+    burst = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
+        "burst_bytes"]
+    configured = net3.burst_bytes
+    assert 0.5 * configured <= burst <= 2 * configured, (
+        f"measured a {burst:,.0f} B burst; the emulator's links have {configured:,} B")
+
+@needs_netns
 def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     run, seconds = _probe(net3, "fanout")
     _assert_bytes(run.links[0].tx_bytes, 2 * NBYTES, "rank 0 sent", run)

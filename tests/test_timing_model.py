@@ -131,6 +131,53 @@ def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
     assert p.breakdown["compression"] == 0.0
 
 
+
+def test_token_bucket_burst_shortens_dsync_only():
+    # p=4, n=4e6: each link carries 6e6 bytes (6 ms at 1 ns/B); a 1e6-byte bucket refills
+    # during the 35 ms of compute, so D-Sync's ring saves 1 ms; Pipe-SGD's link never
+    # idles while it is the longer side, so nothing changes there.
+    pr = prof()
+    plain, bucket = net(), net(burst_bytes=1e6)
+    comm = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
+    d = predict(pr, bucket, 4, staleness=1)
+    assert d.predicted_s == pytest.approx(0.035 + comm - 1e-3)
+    assert d.details["burst_saving_s"] == pytest.approx(1e-3)
+    assert sum(d.breakdown.values()) == pytest.approx(d.predicted_s)
+    slow = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    assert predict(slow, bucket, 4, staleness=2).predicted_s == pytest.approx(
+        predict(slow, plain, 4, staleness=2).predicted_s)
+    # 0.3 ms of compute refills only 0.3e6 bytes of the bucket
+    short = predict(slow, bucket, 4, staleness=1)
+    assert short.details["burst_saving_s"] == pytest.approx(3e-4)
+    assert short.predicted_s == pytest.approx(3e-4 + comm - 3e-4)
+    # a bucket larger than the transfer saves the whole transfer, no more
+    assert M.burst_saving(net(burst_bytes=1e9), 10.0, 6e-3) == pytest.approx(6e-3)
+    with pytest.raises(ValueError, match="burst_bytes"):
+        net(burst_bytes=-1.0)
+
+
+def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
+    # p=4, one bucket: 6 ring steps. Compute 35 ms, ring W ~6.4 ms on an idle host.
+    pr = prof()
+    W = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
+    # all of W overlaps compute: every step waits 1 ms; still compute-bound
+    nw = net(load_latency_s=1e-3)
+    assert predict(pr, nw, 4, staleness=2).predicted_s == pytest.approx(0.035)
+    # 0.3 ms of compute overlaps only part of the ring: W' = W + D * C / W' by hand
+    fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    D, C = 6 * 1e-3, 3e-4
+    expected = (W + math.sqrt(W * W + 4 * D * C)) / 2
+    assert expected == pytest.approx(W + D * C / expected)
+    pipe = predict(fast, nw, 4, staleness=2)
+    assert pipe.predicted_s == pytest.approx(expected)
+    assert pipe.details["load_delay_s"] == pytest.approx(expected - W)
+    assert sum(pipe.breakdown.values()) == pytest.approx(pipe.predicted_s)
+    # D-Sync communicates while compute waits: not delayed
+    assert predict(fast, nw, 4, staleness=1).predicted_s == pytest.approx(3e-4 + W)
+    assert M.loaded_comm_seconds(0.01, 0.02, 0.0) == 0.01
+    with pytest.raises(ValueError, match="load_latency_s"):
+        net(load_latency_s=-1e-3)
+
 def test_shared_cores_stretch_compute_and_bind_pipe_sgd():
     # 4 ranks, 1 compute thread each, on 2 cores: compute runs at half speed, and
     # Pipe-SGD cannot hide the comm thread's CPU work.

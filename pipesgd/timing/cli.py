@@ -82,6 +82,9 @@ def format_network(net: Any) -> str:
         f"  beta   {net.beta_s_per_byte * 1e9:10.4f} ns/B      "
         f"= {1 / net.beta_s_per_byte / 1e9:.2f} GB/s per ring step",
         f"  beta_cpu {net.beta_cpu_s_per_byte * 1e9:8.4f} ns/B      CPU burnt per byte moved",
+        f"  burst  {net.burst_bytes / 1e3:10.1f} kB        sent at line rate after idling",
+        f"  load   {net.load_latency_s * 1e6:10.1f} us        per ring step while compute "
+        "keeps the cores busy",
         f"  gamma  {net.gamma_s_per_byte * 1e9:10.4f} ns/B      float32 sum, one core",
         f"  copy   {net.copy_s_per_byte * 1e9:10.4f} ns/B      memcpy, one core",
         f"  S      {net.sync_s * 1e6:10.2f} us        barrier",

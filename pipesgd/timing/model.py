@@ -29,12 +29,23 @@ Extensions (`ring_allreduce_cost`, `predict`):
   by the CPU work of the host: R (t l_comp + W_comm) / C, with W_comm = kernels + the CPU
   the transfer burns (2(p-1) w β_cpu). With free cores (a GPU cluster, C >= R (t + 1))
   all of this vanishes and the paper's equations remain.
+* Waiting for a core (`load_latency_s`, measured): on shared cores a ring step that runs
+  while the compute threads run waits λ_load for its comm thread to be scheduled. Pipe-SGD
+  overlaps them for the compute part of each iteration, so with S ring steps per
+  iteration its communication takes W' = W + S λ_load min(1, compute / W') (W the
+  unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
+  compute waits, so it is not delayed.
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
   overlap is eq. 6; its compute side is the whole l_up + l_for + l_back (the compute
   thread still runs the whole backward pass; eq. 6 writes only the first segment l_b).
 * Packing gradients into the flat buffer and back (2 n memcpy) is part of the update.
+* Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
+  its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
+  link idles while the iteration computes, so its first allreduce gains that much;
+  Pipe-SGD's link idles only when compute is the longer side, where communication is
+  hidden anyway, so its prediction does not change (`burst_saving`).
 """
 
 from __future__ import annotations
@@ -170,6 +181,23 @@ class RingCost:
     def __add__(self, other: RingCost) -> RingCost:
         return RingCost(*(a + b for a, b in zip(dataclasses.astuple(self),
                                                dataclasses.astuple(other), strict=True)))
+
+
+def burst_saving(net: NetworkParams, idle_s: float, transfer_s: float) -> float:
+    """Transfer seconds a token-bucket link saves after idling `idle_s`: the bucket has
+    refilled min(burst, idle/β) bytes, which go at line rate (at most the whole transfer)."""
+    return max(0.0, min(net.burst_bytes * net.beta_s_per_byte, idle_s, transfer_s))
+
+
+def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> float:
+    """W' = W + D min(1, C / W'): communication of W seconds, of which the part that
+    overlaps C seconds of compute is delayed by D in total (D = ring steps x λ_load)."""
+    if delay_s <= 0 or comm_s <= 0:
+        return comm_s
+    if comm_s + delay_s <= compute_s:
+        return comm_s + delay_s
+    # W'^2 - W W' - D C = 0, the positive root (W' > C here)
+    return (comm_s + math.sqrt(comm_s * comm_s + 4 * delay_s * compute_s)) / 2
 
 
 def compression_seconds(n: float, p: int, net: NetworkParams, mode: str) -> float:
@@ -395,18 +423,25 @@ def predict(
     breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
     breakdown.update(update=update, forward=l_for, backward=l_back)
     bound: str
+    burst_s = 0.0
+    loaded = comm_wall
     if staleness == 1:
+        # The link idled from the last allreduce until the first bucket leaves.
+        idle = (update + l_for + buckets[0][1] * l_back) * s_comp
+        burst_s = burst_saving(network, idle, costs[0].transfer)
         if overlap == "sequential":
-            tail = comm_wall
+            tail = comm_wall - burst_s
         else:
             # bucket i leaves when ready and when the comm thread is free; backward is
             # stretched like all compute.
             end = 0.0
-            for (_, ready), cost in zip(buckets, costs, strict=True):
+            for i, ((_, ready), cost) in enumerate(zip(buckets, costs, strict=True)):
                 end = max(end, ready * l_back * s_comp) + cost.wall(s_comm)
+                if i == 0:
+                    end -= burst_s
             tail = max(0.0, end - l_back * s_comp)
-        share = tail / comm_wall if comm_wall else 0.0
-        breakdown["communication"] = wire_s * share
+        share = tail / (comm_wall - burst_s) if comm_wall > burst_s else 0.0
+        breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
         breakdown["contention"] = contention_compute
         iteration = compute_wall + tail
@@ -416,19 +451,24 @@ def predict(
             iteration = cpu_bound
         bound = "communication" if comm_wall > compute_wall else "compute"
     else:
-        iteration = max(compute_wall, comm_wall, cpu_bound)
-        if comm_wall >= max(compute_wall, cpu_bound) and comm_wall > compute_work:
-            exposed = comm_wall - compute_work
-            breakdown["communication"] = exposed * wire_s / comm_wall
-            breakdown["compression"] = exposed * kern_s / comm_wall
+        steps = 2 * (p - 1) * len(buckets)
+        loaded = loaded_comm_seconds(comm_wall, compute_wall, steps * network.load_latency_s)
+        iteration = max(compute_wall, loaded, cpu_bound)
+        if loaded >= max(compute_wall, cpu_bound) and loaded > compute_work:
+            exposed = loaded - compute_work
+            breakdown["communication"] = exposed * wire_s / loaded
+            breakdown["compression"] = exposed * kern_s / loaded
+            breakdown["contention"] = exposed * (loaded - comm_wall) / loaded
             bound = "communication"
         else:
             breakdown["contention"] = iteration - compute_work
-            bound = "cpu" if cpu_bound > compute_wall and cpu_bound > comm_wall else "compute"
+            bound = "cpu" if cpu_bound > compute_wall and cpu_bound > loaded else "compute"
 
     ms = 1e3
     why = (f"compute {compute_wall * ms:.2f} ms vs communication {comm_wall * ms:.2f} ms "
            f"(wire {wire_s * ms:.2f} ms, kernels {kern_s * ms:.2f} ms, L={len(buckets)})")
+    if loaded > comm_wall:
+        why += f", {loaded * ms:.2f} ms while compute keeps the shared cores busy"
     if bound == "cpu":
         why += (f"; {R} ranks x ({t} compute + 1 comm thread) share {C} cores: CPU work "
                 f"{cpu_bound * ms:.2f} ms per iteration binds")
@@ -453,6 +493,8 @@ def predict(
             "transfer_s": total.transfer,
             "kernels_s": total.kernels,
             "sync_s": total.sync,
+            "burst_saving_s": burst_s,
+            "load_delay_s": loaded - comm_wall,
             "comm_cpu_s": total.cpu,
             "cpu_bound_s": cpu_bound,
             "compute_stretch": s_comp,

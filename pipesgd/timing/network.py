@@ -9,6 +9,10 @@ compression and for hosts whose cores are shared (see `pipesgd.timing.model`):
   over shared memory, where the copy *is* the transfer; small over a NIC that moves bytes
   by DMA; on shared cores it includes the kernel's network stack, measured as the compute
   it takes from a busy rank);
+* the burst of a token-bucket link (tc's htb/tbf, a cloud VM's shaping): bytes it sends
+  at line rate after idling, before the rate limit bites (0 for a plain link);
+* the load latency: how much longer a ring step takes while every rank's compute thread
+  keeps the shared cores busy (the comm thread waits to be scheduled); 0 on free cores;
 * the host: `cores` and `ranks_per_host` (None = all ranks on this one host).
 
 `measure_network(comm)` measures all of them on the ranks of `comm` with the transport
@@ -69,6 +73,10 @@ class NetworkParams:
         kernels: compression mode -> `KernelCosts` (s per float32 byte), one core.
         copy_s_per_byte: memcpy per byte (packing gradients into a flat buffer), one core.
         beta_cpu_s_per_byte: CPU seconds a rank burns per byte moved on the link.
+        burst_bytes: bytes a link sends at once after idling long enough to refill
+            (a token bucket's burst); they cost no β time.
+        load_latency_s: extra seconds per ring step while compute threads keep the
+            shared cores busy (0 where ranks and comm threads have cores of their own).
         cores: cores per host shared by ranks, their comm threads and the network stack.
         ranks_per_host: ranks per host; None = all p ranks on one host.
         measured_p: number of ranks the figures were measured with (None: given by hand).
@@ -83,6 +91,8 @@ class NetworkParams:
     kernels: dict[str, KernelCosts] = field(default_factory=dict)
     copy_s_per_byte: float = 0.0
     beta_cpu_s_per_byte: float = 0.0
+    burst_bytes: float = 0.0
+    load_latency_s: float = 0.0
     cores: int | None = None
     ranks_per_host: int | None = None
     measured_p: int | None = None
@@ -106,7 +116,7 @@ class NetworkParams:
                 f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
-                     "beta_cpu_s_per_byte"):
+                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -221,6 +231,59 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
+def _ring_step_slowest(comm: Any, send: Any, recv: Any) -> float:
+    """One ring step (send right, receive left); the slowest rank's time (collective)."""
+    from mpi4py import MPI
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    comm.Barrier()
+    start = time.perf_counter()
+    comm.Sendrecv(send, dest=(rank + 1) % size, sendtag=3, recvbuf=recv,
+                  source=(rank - 1) % size, recvtag=3)
+    return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+
+
+def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tuple[float, float]:
+    """Bytes a link sends at line rate after idling: (burst, spread) (collective).
+
+    Rank 0 sends `probe_bytes` to rank 1 (which answers with one byte) once after the
+    link idled long enough to refill a bucket that large, and once right after, on an
+    empty bucket; the time the first saves is the burst times β. One flow on one link
+    pair: a whole ring's steps vary by more than the burst saves. Below 50 µs or 5 % of
+    the transfer the difference is noise (shared memory, a NIC without shaping): 0.
+    """
+    import numpy as np
+
+    rank = comm.Get_rank()
+    buf = np.ones(probe_bytes, dtype=np.uint8)
+    ack = np.zeros(1, dtype=np.uint8)
+
+    def transfer() -> float:
+        start = time.perf_counter()
+        if rank == 0:
+            comm.Send(buf, dest=1, tag=5)
+            comm.Recv(ack, source=1, tag=6)
+        elif rank == 1:
+            comm.Recv(buf, source=0, tag=5)
+            comm.Send(ack, dest=0, tag=6)
+        return time.perf_counter() - start
+
+    refill_s = 1.5 * probe_bytes * beta + 2e-3
+    saved, drained = [], []
+    for _ in range(repeats):
+        _idle_barrier(comm)
+        time.sleep(refill_s)
+        t_full = transfer()
+        t_drained = transfer()
+        saved.append(t_drained - t_full)
+        drained.append(t_drained)
+    saved, drained = comm.bcast((saved, drained), root=0)
+    t_saved, spread = _median_spread(saved)
+    if t_saved < max(50e-6, 0.05 * statistics.median(drained)):
+        return 0.0, spread
+    return min(t_saved / beta, float(probe_bytes)), spread
+
+
 def _per_wire_byte(cost: dict[int, float], sizes: tuple[int, int], p: int,
                    gamma: float) -> float:
     """Slope of a per-allreduce cost between two sizes, per wire byte, less the reduction."""
@@ -306,22 +369,54 @@ def _engine_steal_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], 
     return _per_wire_byte(steal, sizes, comm.Get_size(), gamma)
 
 
+def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 4096) -> float:
+    """Extra seconds per ring step of an engine allreduce while every rank computes.
+
+    A small allreduce is all latency: timed alone and with every rank spinning a compute
+    unit beside it, the difference over its 2(p-1) steps is how long a step waits for
+    its comm thread to get a core (collective).
+    """
+    import numpy as np
+
+    spinner = _Spinner()
+    buf = np.ones(nbytes // 4, dtype=np.float32)
+    engine.allreduce(buf)
+    idle, loaded = [], []
+    for _ in range(repeats):
+        _idle_barrier(comm)
+        start = time.perf_counter()
+        engine.allreduce(buf)
+        idle.append(time.perf_counter() - start)
+        _idle_barrier(comm)
+        start = time.perf_counter()
+        handle = engine.allreduce_async(buf)
+        while not handle.done():
+            spinner.unit()
+        loaded.append(time.perf_counter() - start)
+    extra = statistics.median(loaded) - statistics.median(idle)
+    steps = 2 * (comm.Get_size() - 1)
+    return max(0.0, float(statistics.median(comm.allgather(extra)))) / steps
+
+
 def _engine_beta_cpu(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
-                     ranks_on_node: int) -> float:
-    """β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
-    outnumber the cores, what communication takes from compute, if that is more."""
+                     ranks_on_node: int) -> tuple[float, float]:
+    """(β_cpu, load latency). β_cpu: the CPU the comm thread burns per wire byte, or, where
+    ranks and comm threads outnumber the cores, what communication takes from compute, if
+    that is more. Load latency (`_engine_load_latency`): only where cores are shared."""
     from pipesgd.engine import Engine
 
     engine = Engine(comm)
+    load_latency = 0.0
     try:
         beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
         cores = _default_cores()
         if 2 * ranks_on_node > cores:
             beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
                 comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
+            load_latency = _engine_load_latency(comm, engine, 4 * repeats)
     finally:
         engine.shutdown()
-    return float(statistics.median(comm.allgather(beta_cpu)))
+    return float(statistics.median(comm.allgather(beta_cpu))), load_latency
 
 
 def measure_network(
@@ -329,6 +424,7 @@ def measure_network(
     *,
     small_bytes: int = 8,
     large_bytes: tuple[int, int] = (4 << 20, 16 << 20),
+    burst_probe_bytes: int = 512 << 10,
     repeats: int = 20,
     kernel_bytes: int = 32 << 20,
 ) -> NetworkParams:
@@ -338,12 +434,17 @@ def measure_network(
     * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
       left (one ring step, as the ring-AllReduce runs it); β is the slope of the slowest
       rank's time between the two `large_bytes` sizes, so latency drops out.
+    * burst: a `burst_probe_bytes` transfer from rank 0 to 1 on a link that idled long
+      enough to refill, against one right after (`_measure_burst`); 0 unless clearly
+      faster.
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
       Where ranks and their comm threads outnumber the cores, the larger of that and the
       compute the allreduces take from a rank spinning beside them (the network stack's
       softirqs and context switches are charged to whoever they interrupt).
+    * load latency (there too): a small engine allreduce with every rank spinning beside
+      it, against one alone, per ring step (`_engine_load_latency`).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * S: one `Barrier`.
@@ -382,26 +483,20 @@ def measure_network(
         alpha, spread["alpha"] = _median_spread(comm.bcast(samples, root=0))
 
     # beta, beta_cpu: a ring step at two sizes
-    beta = beta_cpu = 0.0
+    beta = beta_cpu = burst = load_latency = 0.0
     if size > 1:
-        right, left = (rank + 1) % size, (rank - 1) % size
         step_times: dict[int, list[float]] = {}
         for m in large_bytes:
             send = np.ones(m, dtype=np.uint8)
             recv = np.empty(m, dtype=np.uint8)
-            walls = []
-            for i in range(repeats + 3):
-                comm.Barrier()
-                start = time.perf_counter()
-                comm.Sendrecv(send, dest=right, sendtag=3, recvbuf=recv, source=left, recvtag=3)
-                slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-                if i >= 3:
-                    walls.append(slowest)
-            step_times[m] = walls
+            walls = [_ring_step_slowest(comm, send, recv) for _ in range(repeats + 3)]
+            step_times[m] = walls[3:]
         small, large = large_bytes
         t_small, _ = _median_spread(step_times[small])
         t_large, spread["beta"] = _median_spread(step_times[large])
         beta = max(t_large - t_small, 1e-15) / (large - small)
+        burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
+                                                max(8, repeats // 2))
 
     # S: barrier
     samples = []
@@ -427,8 +522,9 @@ def measure_network(
     node.Free()
     max_on_node = comm.allreduce(on_node, op=MPI.MAX)
     if size > 1:
-        beta_cpu = min(
-            _engine_beta_cpu(comm, large_bytes, min(repeats, 5), gamma, max_on_node), beta)
+        beta_cpu, load_latency = _engine_beta_cpu(comm, large_bytes, min(repeats, 5), gamma,
+                                                  max_on_node)
+        beta_cpu = min(beta_cpu, beta)
     if size == 1:
         beta = copy
         source = "measured on 1 rank: alpha, S not measurable, beta = memcpy"
@@ -443,6 +539,8 @@ def measure_network(
         kernels=kernels,
         copy_s_per_byte=copy,
         beta_cpu_s_per_byte=beta_cpu,
+        burst_bytes=burst,
+        load_latency_s=load_latency,
         cores=_default_cores(),
         ranks_per_host=None if max_on_node == size else max_on_node,
         measured_p=size,

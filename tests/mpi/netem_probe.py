@@ -4,6 +4,8 @@ Usage: netem_probe.py PATTERN NBYTES
     ring    every rank sends NBYTES to rank+1 and receives NBYTES from rank-1 (Sendrecv)
     fanout  rank 0 sends NBYTES to each of ranks 1 and 2 at once; they only receive
     fail    exit with status 3 after MPI_Init (a failing command)
+    burst   measure the links' token-bucket burst as the timing model does (NBYTES: the
+            link rate in bit/s); prints {"pattern", "burst_bytes"}
 
 Rank 0 prints one JSON line: {"pattern", "nbytes", "seconds"}, where seconds is the
 slowest rank's time between two barriers.
@@ -25,6 +27,13 @@ def main() -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     if pattern == "fail":
         return 3
+    if pattern == "burst":
+        from pipesgd.timing.network import _measure_burst
+
+        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=512 << 10, repeats=8)
+        if rank == 0:
+            print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
+        return 0
     send = np.full(nbytes, rank, dtype=np.uint8)
     recv = np.empty(nbytes, dtype=np.uint8)
     comm.Barrier()
