@@ -243,6 +243,19 @@ def _ring_step_slowest(comm: Any, send: Any, recv: Any) -> float:
     return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 
+def _ping_pong(comm: Any, out: Any, back: Any) -> float:
+    """Rank 0 sends `out` to rank 1, which answers with `back`; the time this rank spent."""
+    rank = comm.Get_rank()
+    start = time.perf_counter()
+    if rank == 0:
+        comm.Send(out, dest=1, tag=1)
+        comm.Recv(back, source=1, tag=2)
+    elif rank == 1:
+        comm.Recv(out, source=0, tag=1)
+        comm.Send(back, dest=0, tag=2)
+    return time.perf_counter() - start
+
+
 def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tuple[float, float]:
     """Bytes a link sends at line rate after idling: (burst, spread) (collective).
 
@@ -254,19 +267,11 @@ def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tu
     """
     import numpy as np
 
-    rank = comm.Get_rank()
     buf = np.ones(probe_bytes, dtype=np.uint8)
     ack = np.zeros(1, dtype=np.uint8)
 
     def transfer() -> float:
-        start = time.perf_counter()
-        if rank == 0:
-            comm.Send(buf, dest=1, tag=5)
-            comm.Recv(ack, source=1, tag=6)
-        elif rank == 1:
-            comm.Recv(buf, source=0, tag=5)
-            comm.Send(ack, dest=0, tag=6)
-        return time.perf_counter() - start
+        return _ping_pong(comm, buf, ack)
 
     refill_s = 1.5 * probe_bytes * beta + 2e-3
     saved, drained = [], []
@@ -471,15 +476,9 @@ def measure_network(
         samples = []
         for i in range(repeats * 10 + 20):
             comm.Barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                comm.Send(buf, dest=1, tag=1)
-                comm.Recv(buf, source=1, tag=2)
-            elif rank == 1:
-                comm.Recv(buf, source=0, tag=1)
-                comm.Send(buf, dest=0, tag=2)
+            round_trip = _ping_pong(comm, buf, buf)
             if i >= 20:
-                samples.append((time.perf_counter() - start) / 2)
+                samples.append(round_trip / 2)
         alpha, spread["alpha"] = _median_spread(comm.bcast(samples, root=0))
 
     # beta, beta_cpu: a ring step at two sizes
