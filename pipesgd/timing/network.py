@@ -262,8 +262,11 @@ def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tu
     Rank 0 sends `probe_bytes` to rank 1 (which answers with one byte) once after the
     link idled long enough to refill a bucket that large, and once right after, on an
     empty bucket; the time the first saves is the burst times β. One flow on one link
-    pair: a whole ring's steps vary by more than the burst saves. Below 50 µs or 5 % of
-    the transfer the difference is noise (shared memory, a NIC without shaping): 0.
+    pair: a whole ring's steps vary by more than the burst saves. A probe of a few
+    buckets, not many: on emulated 1 Gbit/s links a 512 KiB transfer after an idle spell
+    mostly came out slower than the next one, a 256 KiB one found the 125 kB bucket.
+    Below 50 µs or 5 % of the transfer the difference is noise (shared memory, a NIC
+    without shaping): 0.
     """
     import numpy as np
 
@@ -429,7 +432,7 @@ def measure_network(
     *,
     small_bytes: int = 8,
     large_bytes: tuple[int, int] = (4 << 20, 16 << 20),
-    burst_probe_bytes: int = 512 << 10,
+    burst_probe_bytes: int = 256 << 10,
     repeats: int = 20,
     kernel_bytes: int = 32 << 20,
 ) -> NetworkParams:
@@ -495,7 +498,7 @@ def measure_network(
         t_large, spread["beta"] = _median_spread(step_times[large])
         beta = max(t_large - t_small, 1e-15) / (large - small)
         burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
-                                                max(8, repeats // 2))
+                                                max(12, repeats // 2))
 
     # S: barrier
     samples = []

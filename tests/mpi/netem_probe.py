@@ -30,7 +30,7 @@ def main() -> int:
     if pattern == "burst":
         from pipesgd.timing.network import _measure_burst
 
-        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=512 << 10, repeats=8)
+        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12)
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
         return 0
