@@ -6,9 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #endif
 
 namespace pipesgd {
@@ -33,25 +31,20 @@ struct SchedAttr {
 
 }  // namespace
 
-std::string tune_comm_thread(int slice_us) {
+void tune_comm_thread(int slice_us) {
 #ifdef __linux__
   prctl(PR_SET_NAME, "pipesgd-comm", 0UL, 0UL, 0UL);  // as top -H and /proc show it
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-  if (slice_us <= 0) return "";
+  if (slice_us <= 0) return;
   SchedAttr attr{};
-  if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) {
-    return std::string("sched_getattr: ") + std::strerror(errno);
-  }
-  if (attr.sched_policy != SCHED_OTHER) return "";  // the user chose a policy: keep it
+  if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) return;
+  if (attr.sched_policy != SCHED_OTHER) return;  // the user chose a policy: keep it
   attr.size = sizeof attr;
   attr.sched_runtime = static_cast<std::uint64_t>(slice_us) * 1000ULL;
-  if (syscall(SYS_sched_setattr, 0, &attr, 0) != 0) {
-    return std::string("sched_setattr: ") + std::strerror(errno);
-  }
+  syscall(SYS_sched_setattr, 0, &attr, 0);
 #else
   (void)slice_us;
 #endif
-  return "";
 }
 
 }  // namespace pipesgd

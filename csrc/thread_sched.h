@@ -1,8 +1,6 @@
 // Scheduling hints for the comm thread (Linux; no-ops elsewhere).
 #pragma once
 
-#include <string>
-
 namespace pipesgd {
 
 // Names the calling thread "pipesgd-comm" and asks the kernel to treat it as
@@ -14,8 +12,8 @@ namespace pipesgd {
 //   compute thread as soon as it wakes, instead of queueing behind it for a
 //   full slice. When ranks share cores, that queueing delayed every ring step
 //   by about 1.5 ms at p = 2 and 6.5 ms at p = 4 on 2 cores.
-// Returns "" on success or a note saying what the kernel refused (older kernels
-// accept and ignore the slice; nothing here needs privileges).
-std::string tune_comm_thread(int slice_us);
+// These are hints: nothing here needs privileges, older kernels accept and
+// ignore the slice, and a refusal (a seccomp filter) leaves the defaults.
+void tune_comm_thread(int slice_us);
 
 }  // namespace pipesgd
