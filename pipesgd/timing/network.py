@@ -272,21 +272,18 @@ def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tu
 
     buf = np.ones(probe_bytes, dtype=np.uint8)
     ack = np.zeros(1, dtype=np.uint8)
-
-    def transfer() -> float:
-        return _ping_pong(comm, buf, ack)
-
     refill_s = 1.5 * probe_bytes * beta + 2e-3
     saved, drained = [], []
     for _ in range(repeats):
         _idle_barrier(comm)
         time.sleep(refill_s)
-        t_full = transfer()
-        t_drained = transfer()
+        t_full = _ping_pong(comm, buf, ack)
+        t_drained = _ping_pong(comm, buf, ack)
         saved.append(t_drained - t_full)
         drained.append(t_drained)
     saved, drained = comm.bcast((saved, drained), root=0)
     t_saved, spread = _median_spread(saved)
+    spread = abs(spread)  # the median saving can be negative: noise, not a burst
     if t_saved < max(50e-6, 0.05 * statistics.median(drained)):
         return 0.0, spread
     return min(t_saved / beta, float(probe_bytes)), spread
