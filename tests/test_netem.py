@@ -127,6 +127,7 @@ def test_timing_model_measures_the_links_burst(net3) -> None:
     assert 0.5 * configured <= burst <= 2 * configured, (
         f"measured a {burst:,.0f} B burst; the emulator's links have {configured:,} B")
 
+
 @needs_netns
 def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     run, seconds = _probe(net3, "fanout")

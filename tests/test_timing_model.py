@@ -131,7 +131,6 @@ def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
     assert p.breakdown["compression"] == 0.0
 
 
-
 def test_token_bucket_burst_shortens_dsync_only():
     # p=4, n=4e6: each link carries 6e6 bytes (6 ms at 1 ns/B); a 1e6-byte bucket refills
     # during the 35 ms of compute, so D-Sync's ring saves 1 ms; Pipe-SGD's link never
