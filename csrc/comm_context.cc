@@ -158,18 +158,10 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
   }
 }
 
-void CommContext::wait_one(MPI_Request& req, Operation& op, int peer, const char* phase,
-                           bool teaches_spin) {
+void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase,
+                       bool teaches_spin) {
   poll_until([&](int* done) { PSG_MPI_CHECK(MPI_Test(&req, done, MPI_STATUS_IGNORE), peer); },
              op, peer, phase, teaches_spin);
-}
-
-void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase) {
-  wait_one(req, op, peer, phase, /*teaches_spin=*/true);
-}
-
-void CommContext::wait_for_peer(MPI_Request& req, Operation& op, int peer, const char* phase) {
-  wait_one(req, op, peer, phase, /*teaches_spin=*/false);
 }
 
 void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer,

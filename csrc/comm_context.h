@@ -61,12 +61,12 @@ class CommContext {
 
   // Polls until `req` completes. Throws OpFailure if a peer broadcast a failure,
   // if abort() was called, or if MPI fails. Prints a stall warning once per op.
-  void wait(MPI_Request& req, Operation& op, int peer, const char* phase);
+  // teaches_spin = false for a wait whose length says how late the peer started,
+  // not how fast the link is (an operation's header): one late peer must not put
+  // a shared-memory ring to sleep between segments.
+  void wait(MPI_Request& req, Operation& op, int peer, const char* phase,
+            bool teaches_spin = true);
   void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
-  // The same for a wait whose length says how late the peer started, not how
-  // fast the link is (an operation's header): it does not teach the spin rule,
-  // so one late peer does not put a shared-memory ring to sleep between segments.
-  void wait_for_peer(MPI_Request& req, Operation& op, int peer, const char* phase);
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).
   void broadcast_failure(const Operation& op, const std::string& message);
@@ -93,7 +93,6 @@ class CommContext {
   // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
   template <typename Test>
   void poll_until(Test test, Operation& op, int peer, const char* phase, bool teaches_spin);
-  void wait_one(MPI_Request& req, Operation& op, int peer, const char* phase, bool teaches_spin);
 
   MPI_Comm comm_;
   int rank_ = 0;

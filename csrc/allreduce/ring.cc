@@ -172,7 +172,8 @@ class RingRun {
     // are released gradually (post_first_step_sends) so the right neighbour is
     // never flooded with segments it has not posted receives for yet.
     post_first_step_sends(static_cast<std::size_t>(window_));
-    ctx_.wait_for_peer(header_recv_, op_, left_, "waiting for the operation header");
+    ctx_.wait(header_recv_, op_, left_, "waiting for the operation header",
+              /*teaches_spin=*/false);
     if (!headers_match(mine_, theirs_)) {
       const std::string message =
           "collective mismatch at " + std::string("allreduce #") + std::to_string(op_.seq) +

@@ -231,18 +231,6 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
-def _ring_step_slowest(comm: Any, send: Any, recv: Any) -> float:
-    """One ring step (send right, receive left); the slowest rank's time (collective)."""
-    from mpi4py import MPI
-
-    size, rank = comm.Get_size(), comm.Get_rank()
-    comm.Barrier()
-    start = time.perf_counter()
-    comm.Sendrecv(send, dest=(rank + 1) % size, sendtag=3, recvbuf=recv,
-                  source=(rank - 1) % size, recvtag=3)
-    return comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-
-
 def _ping_pong(comm: Any, out: Any, back: Any) -> float:
     """Rank 0 sends `out` to rank 1, which answers with `back`; the time this rank spent."""
     rank = comm.Get_rank()
@@ -403,11 +391,13 @@ def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 409
     return max(0.0, float(statistics.median(comm.allgather(extra)))) / steps
 
 
-def _engine_beta_cpu(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
+def _engine_costs(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
                      ranks_on_node: int) -> tuple[float, float]:
-    """(β_cpu, load latency). β_cpu: the CPU the comm thread burns per wire byte, or, where
-    ranks and comm threads outnumber the cores, what communication takes from compute, if
-    that is more. Load latency (`_engine_load_latency`): only where cores are shared."""
+    """(β_cpu, load latency), both measured on one engine (collective).
+
+    β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
+    outnumber the cores, what communication takes from compute, if that is more. Load
+    latency (`_engine_load_latency`): only where cores are shared, else 0."""
     from pipesgd.engine import Engine
 
     engine = Engine(comm)
@@ -484,12 +474,20 @@ def measure_network(
     # beta, beta_cpu: a ring step at two sizes
     beta = beta_cpu = burst = load_latency = 0.0
     if size > 1:
+        right, left = (rank + 1) % size, (rank - 1) % size
         step_times: dict[int, list[float]] = {}
         for m in large_bytes:
             send = np.ones(m, dtype=np.uint8)
             recv = np.empty(m, dtype=np.uint8)
-            walls = [_ring_step_slowest(comm, send, recv) for _ in range(repeats + 3)]
-            step_times[m] = walls[3:]
+            walls = []
+            for i in range(repeats + 3):
+                comm.Barrier()
+                start = time.perf_counter()
+                comm.Sendrecv(send, dest=right, sendtag=3, recvbuf=recv, source=left, recvtag=3)
+                slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+                if i >= 3:
+                    walls.append(slowest)
+            step_times[m] = walls
         small, large = large_bytes
         t_small, _ = _median_spread(step_times[small])
         t_large, spread["beta"] = _median_spread(step_times[large])
@@ -521,8 +519,8 @@ def measure_network(
     node.Free()
     max_on_node = comm.allreduce(on_node, op=MPI.MAX)
     if size > 1:
-        beta_cpu, load_latency = _engine_beta_cpu(comm, large_bytes, min(repeats, 5), gamma,
-                                                  max_on_node)
+        beta_cpu, load_latency = _engine_costs(comm, large_bytes, min(repeats, 5), gamma,
+                                               max_on_node)
         beta_cpu = min(beta_cpu, beta)
     if size == 1:
         beta = copy
