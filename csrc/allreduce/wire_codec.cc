@@ -13,8 +13,8 @@ class Trunc16Codec final : public WireCodec {
   void encode(const float* x, std::size_t n, void* wire) const override {
     psg_trunc16_encode(x, n, static_cast<std::uint16_t*>(wire));
   }
-  void decode(const void* wire, std::size_t n, float* out) const override {
-    psg_trunc16_decode(static_cast<const std::uint16_t*>(wire), n, out);
+  void decode(const void* wire, std::size_t n, float factor, float* out) const override {
+    psg_trunc16_decode_scaled(static_cast<const std::uint16_t*>(wire), n, factor, out);
   }
   void decode_add_encode(const void* in_wire, const float* local, std::size_t n, float*,
                          void* out_wire) const override {
@@ -33,8 +33,8 @@ class Quant8Codec final : public WireCodec {
   void encode(const float* x, std::size_t n, void* wire) const override {
     psg_quant8_encode(x, n, wire);
   }
-  void decode(const void* wire, std::size_t n, float* out) const override {
-    psg_quant8_decode(wire, n, out);
+  void decode(const void* wire, std::size_t n, float factor, float* out) const override {
+    psg_quant8_decode_scaled(wire, n, factor, out);
   }
   void decode_add_encode(const void* in_wire, const float* local, std::size_t n, float* scratch,
                          void* out_wire) const override {

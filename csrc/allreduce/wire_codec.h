@@ -14,7 +14,8 @@ class WireCodec {
   virtual ~WireCodec() = default;
   virtual std::size_t wire_bytes(std::size_t n) const = 0;
   virtual void encode(const float* x, std::size_t n, void* wire) const = 0;
-  virtual void decode(const void* wire, std::size_t n, float* out) const = 0;
+  // out = decode(wire) * factor
+  virtual void decode(const void* wire, std::size_t n, float factor, float* out) const = 0;
   // out_wire = encode(decode(in_wire) + local)
   virtual void decode_add_encode(const void* in_wire, const float* local, std::size_t n,
                                  float* scratch, void* out_wire) const = 0;

@@ -33,6 +33,9 @@ extern "C" {
 size_t psg_trunc16_wire_bytes(size_t n);
 void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire);
 void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out);
+/* out = decode(wire) * factor, rounded twice like the two steps: the ring's average
+ * saves a pass over the buffer by decoding with factor = 1 / p. */
+void psg_trunc16_decode_scaled(const uint16_t* wire, size_t n, float factor, float* out);
 /* out_wire = encode(decode(in_wire) + local); in_wire may equal out_wire. */
 void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, size_t n,
                                    uint16_t* out_wire);
@@ -43,6 +46,8 @@ void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t 
 size_t psg_quant8_wire_bytes(size_t n); /* 4 + n */
 void psg_quant8_encode(const float* x, size_t n, void* wire);
 void psg_quant8_decode(const void* wire, size_t n, float* out);
+/* out = decode(wire) * factor (see psg_trunc16_decode_scaled). */
+void psg_quant8_decode_scaled(const void* wire, size_t n, float factor, float* out);
 /* out_wire = encode(decode(in_wire) + local); scratch holds n floats (caller-owned,
  * so the ring allocates nothing per call; the current kernel recomputes the sum
  * instead of storing it and leaves scratch untouched). in_wire may equal out_wire. */

@@ -86,7 +86,8 @@ typedef struct {
     float pre_scale;     /* ... q = round((value * pre_scale) * inv_scale), */
     float inv_scale;     /* ... inv_scale = 1 / (scale * pre_scale) */
     int8_t* q_out;       /* encodes: the outgoing block */
-    float* out;          /* decodes: the result */
+    float* out;          /* decodes: the result, */
+    float factor;        /* ... times this (1: a plain decode) */
 } q8_pass;
 
 /* The float32 value the fused ops quantise (or return): decode(in) + local, rounded
@@ -140,8 +141,8 @@ static uint32_t q8_dequantise(const void* ctx, size_t begin, size_t count, uint3
     const q8_pass* p = ctx;
     const int8_t* q = p->q_in + begin;
     float* out = p->out + begin;
-    float scale = p->scale_in;
-    for (size_t i = 0; i < count; ++i) out[i] = (float)q[i] * scale;
+    float scale = p->scale_in, factor = p->factor;
+    for (size_t i = 0; i < count; ++i) out[i] = ((float)q[i] * scale) * factor;
     return acc;
 }
 
@@ -180,11 +181,16 @@ void psg_quant8_encode(const float* x, size_t n, void* wire) {
 }
 
 PSG_KERNEL
-void psg_quant8_decode(const void* wire, size_t n, float* out) {
+void psg_quant8_decode_scaled(const void* wire, size_t n, float factor, float* out) {
     q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)wire + Q8_HEADER_BYTES),
                  .scale_in = q8_read_scale(wire),
-                 .out = out};
+                 .out = out,
+                 .factor = factor};
     psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), q8_dequantise);
+}
+
+void psg_quant8_decode(const void* wire, size_t n, float* out) {
+    psg_quant8_decode_scaled(wire, n, 1.0f, out);
 }
 
 PSG_KERNEL

@@ -28,7 +28,8 @@ typedef struct {
     const uint16_t* in;     /* decodes and fused ops: the incoming block */
     const float* local;     /* fused ops: this rank's values */
     uint16_t* wire;         /* encodes: the outgoing block */
-    float* out;             /* decodes: the result */
+    float* out;             /* decodes: the result, */
+    float factor;           /* ... times this (1: a plain decode) */
 } t16_pass;
 
 static uint32_t t16_encode(const void* ctx, size_t begin, size_t count, uint32_t acc) {
@@ -43,7 +44,8 @@ static uint32_t t16_decode(const void* ctx, size_t begin, size_t count, uint32_t
     const t16_pass* p = ctx;
     const uint16_t* in = p->in + begin;
     float* out = p->out + begin;
-    for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]);
+    float factor = p->factor;
+    for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]) * factor;
     return acc;
 }
 
@@ -77,9 +79,13 @@ void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire) {
 }
 
 PSG_KERNEL
-void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
-    t16_pass p = {.in = wire, .out = out};
+void psg_trunc16_decode_scaled(const uint16_t* wire, size_t n, float factor, float* out) {
+    t16_pass p = {.in = wire, .out = out, .factor = factor};
     psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), t16_decode);
+}
+
+void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
+    psg_trunc16_decode_scaled(wire, n, 1.0f, out);
 }
 
 PSG_KERNEL

@@ -79,6 +79,28 @@ std::vector<float> random_values(std::size_t n, std::mt19937& rng, float magnitu
   return x;
 }
 
+// Equal bits, or both NaN (payloads may differ).
+bool same_float(float a, float b) {
+  return bits_of(a) == bits_of(b) || (std::isnan(a) && std::isnan(b));
+}
+
+// decode_scaled(wire, factor) must equal decode(wire) * factor, rounded twice, bit for
+// bit (the ring's average relies on it for power-of-two rank counts).
+template <typename Decode, typename DecodeScaled>
+void check_decode_scaled(Decode decode, DecodeScaled decode_scaled, std::size_t n,
+                         const char* what) {
+  Block<float> plain(n, 0), scaled(n, 1);
+  decode(plain.data());
+  for (float factor : {1.0f, 0.5f, 0.25f, 1.0f / 3.0f}) {
+    decode_scaled(factor, scaled.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(same_float(scaled.data()[i], plain.data()[i] * factor),
+            "%s[%zu]: decode_scaled(%g) differs from decode * factor", what, i,
+            static_cast<double>(factor));
+    }
+  }
+}
+
 // ---- trunc16 ----
 
 void check_trunc16_roundtrip(const float* x, std::size_t n, const char* what) {
@@ -86,6 +108,11 @@ void check_trunc16_roundtrip(const float* x, std::size_t n, const char* what) {
   Block<float> back(n, 3);
   psg_trunc16_encode(x, n, wire.data());
   psg_trunc16_decode(wire.data(), n, back.data());
+  check_decode_scaled([&](float* out) { psg_trunc16_decode(wire.data(), n, out); },
+                      [&](float f, float* out) {
+                        psg_trunc16_decode_scaled(wire.data(), n, f, out);
+                      },
+                      n, what);
   for (std::size_t i = 0; i < n; ++i) {
     uint32_t b = bits_of(x[i]);
     if (std::isnan(x[i])) {
@@ -124,11 +151,9 @@ void check_trunc16_fused(const float* in_values, const float* local, std::size_t
   std::memcpy(in_place.data(), local, 4 * n);
   psg_trunc16_decode_add(in_wire.data(), in_place.data(), n, in_place.data());
   for (std::size_t i = 0; i < n; ++i) {
-    bool same = bits_of(fused_sum.data()[i]) == bits_of(sum.data()[i]) ||
-                (std::isnan(fused_sum.data()[i]) && std::isnan(sum.data()[i]));
+    bool same = same_float(fused_sum.data()[i], sum.data()[i]);
     CHECK(same, "%s[%zu]: decode_add differs from decode + local", what, i);
-    same = bits_of(in_place.data()[i]) == bits_of(fused_sum.data()[i]) ||
-           (std::isnan(in_place.data()[i]) && std::isnan(fused_sum.data()[i]));
+    same = same_float(in_place.data()[i], fused_sum.data()[i]);
     CHECK(same, "%s[%zu]: decode_add in place (out == local) differs", what, i);
   }
 
@@ -222,6 +247,11 @@ void check_quant8_roundtrip(const float* x, std::size_t n, std::size_t wire_off,
   psg_quant8_encode(x, n, wire.data());
   psg_quant8_decode(wire.data(), n, back.data());
   check_quant8_block(x, n, wire.data(), back.data(), what);
+  check_decode_scaled([&](float* out) { psg_quant8_decode(wire.data(), n, out); },
+                      [&](float f, float* out) {
+                        psg_quant8_decode_scaled(wire.data(), n, f, out);
+                      },
+                      n, what);
 }
 
 void check_quant8_fused(const float* in_values, const float* local, std::size_t n,
@@ -245,11 +275,9 @@ void check_quant8_fused(const float* in_values, const float* local, std::size_t 
   std::memcpy(in_place.data(), local, 4 * n);
   psg_quant8_decode_add(in_wire.data(), in_place.data(), n, in_place.data());
   for (std::size_t i = 0; i < n; ++i) {
-    bool same = bits_of(fused_sum.data()[i]) == bits_of(sum.data()[i]) ||
-                (std::isnan(fused_sum.data()[i]) && std::isnan(sum.data()[i]));
+    bool same = same_float(fused_sum.data()[i], sum.data()[i]);
     CHECK(same, "%s[%zu]: decode_add differs from decode + local", what, i);
-    same = bits_of(in_place.data()[i]) == bits_of(fused_sum.data()[i]) ||
-           (std::isnan(in_place.data()[i]) && std::isnan(fused_sum.data()[i]));
+    same = same_float(in_place.data()[i], fused_sum.data()[i]);
     CHECK(same, "%s[%zu]: decode_add in place (out == local) differs", what, i);
   }
 
