@@ -16,7 +16,7 @@ constexpr int kControlTag = 1;
 constexpr int kFirstOpTag = 2;
 constexpr int kControlBytes = 4096;
 
-void sleep_us(int us) {
+void sleep_for_us(int us) {
   if (us <= 0) return;
   timespec ts{};
   ts.tv_sec = us / 1000000;
@@ -27,7 +27,9 @@ void sleep_us(int us) {
 }  // namespace
 
 CommContext::CommContext(MPI_Comm comm, const EnvConfig& config)
-    : comm_(comm), config_(config), control_buf_(kControlBytes) {
+    : comm_(comm), config_(config), control_buf_(kControlBytes),
+      sleep_us_(config.poll_us),
+      max_sleep_us_(config.poll_us) {
   PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
   PSG_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), -1);
   PSG_MPI_CHECK(MPI_Comm_size(comm_, &size_), -1);
@@ -105,7 +107,7 @@ void CommContext::request_abort(const std::string& reason) {
   abort_requested_.store(true);
 }
 
-void CommContext::poll_once(Operation& op, int peer, const char* phase) {
+bool CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us) {
   check_control(op);
   if (abort_requested_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
@@ -131,8 +133,11 @@ void CommContext::poll_once(Operation& op, int peer, const char* phase) {
     }
   }
   const auto now = std::chrono::steady_clock::now();
-  if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) return;
-  sleep_us(config_.poll_us);
+  if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) {
+    return false;
+  }
+  sleep_for_us(sleep_us);
+  return true;
 }
 
 void CommContext::completed(std::chrono::steady_clock::time_point wait_began, bool polled) {
@@ -147,14 +152,19 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
   op.waiting_on.store(peer);
   op.phase.store(phase);
   const auto began = std::chrono::steady_clock::now();
-  for (bool polled = false;; polled = true) {
+  for (bool polled = false, slept = false;; polled = true) {
     int done = 0;
     test(&done);
     if (done) {
       completed(began, polled && teaches_spin);
       return;
     }
-    poll_once(op, peer, phase);
+    // A header's wait lasts as long as the peer is late: it keeps polling at
+    // poll_us, so the operation starts as soon as the peer does.
+    if (slept && teaches_spin) {
+      sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
+    }
+    slept = poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us);
   }
 }
 

@@ -14,6 +14,10 @@ struct EnvConfig {
   // While MPI has work in flight the comm thread tests, then sleeps this long:
   // spinning in MPI_Wait* steals the compute thread's core when ranks share cores.
   int poll_us = 50;
+  // Within one operation the sleep doubles after each wake that found nothing, up
+  // to this: on a slow link a wake then finds a segment or two ready instead of
+  // none (comm_context.h). Every operation starts again at poll_us.
+  int poll_max_us = 200;
   // ...except right after a request completed: the next one is often about to
   // complete too, so for this long the comm thread tests without sleeping.
   int spin_us = 100;
@@ -25,7 +29,8 @@ struct EnvConfig {
   double shutdown_seconds = 10.0;
 };
 
-// PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_SPIN_US,
+// PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_POLL_MAX_US,
+// PIPESGD_SPIN_US,
 // PIPESGD_COMM_SLICE_US,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();

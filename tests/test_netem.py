@@ -129,6 +129,22 @@ def test_timing_model_measures_the_links_burst(net3) -> None:
 
 
 @needs_netns
+def test_comm_thread_sleeps_longer_while_segments_stream(net3) -> None:
+    """On a slow link the poll sleep doubles after empty wakes: far fewer wake-ups.
+
+    1 MiB at p = 3 on 200 Mbit/s: six 60 KiB segments per ring step, 2.5 ms each, which
+    a fixed 50 µs sleep checks about fifty times.
+    """
+    run = net3.run(
+        [sys.executable, PROBE, "wakes", str(1 << 20)],
+        capture_output=True, timeout=60, env=mpi_env(), cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 0, f"wakes probe failed:\n{run.output}"
+    result = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])
+    assert result["doubling"] < 0.5 * result["fixed"], result
+
+
+@needs_netns
 def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     run, seconds = _probe(net3, "fanout")
     _assert_bytes(run.links[0].tx_bytes, 2 * NBYTES, "rank 0 sent", run)

@@ -79,6 +79,8 @@ bool headers_match(const Header& a, const Header& b) {
 }
 
 constexpr std::size_t kAlign = 64;
+// Segments per ring step from which an operation streams (CommContext::set_streaming).
+constexpr std::size_t kStreamingSegments = 4;
 std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // One unit of receive work: segment `seg` of chunk `chunk` arriving at `step`.
@@ -164,6 +166,7 @@ class RingRun {
                             ctx_.comm(), &header_send_),
                   right_);
     prepare_buffers();
+    ctx_.set_streaming(layout_.segments(0) >= kStreamingSegments);
     rs_send_.assign(static_cast<std::size_t>(p_), {});
     for (int c = 0; c < p_; ++c) {
       rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);

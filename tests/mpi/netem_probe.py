@@ -6,6 +6,10 @@ Usage: netem_probe.py PATTERN NBYTES
     fail    exit with status 3 after MPI_Init (a failing command)
     burst   measure the links' token-bucket burst as the timing model does (NBYTES: the
             link rate in bit/s); prints {"pattern", "burst_bytes"}
+    wakes   an engine allreduce of NBYTES of float32, once with the comm thread's poll
+            sleep fixed at PIPESGD_POLL_US and once doubling (the default); prints
+            {"pattern", "fixed", "doubling"}: the comm threads' wake-ups (voluntary
+            context switches), summed over ranks
 
 Rank 0 prints one JSON line: {"pattern", "nbytes", "seconds"}, where seconds is the
 slowest rank's time between two barriers.
@@ -14,11 +18,45 @@ slowest rank's time between two barriers.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+
+def _comm_thread_wakes() -> int:
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        if (task / "comm").read_text().strip() == "pipesgd-comm":
+            status = (task / "status").read_text().splitlines()
+            total += next(int(ln.split()[1]) for ln in status
+                          if ln.startswith("voluntary_ctxt_switches"))
+    return total
+
+
+def _engine_wakes(comm, nbytes: int, poll_max_us: str | None) -> int:
+    """Wake-ups of this rank's comm thread during one allreduce, checked against MPI's."""
+    import pipesgd
+
+    if poll_max_us is None:
+        os.environ.pop("PIPESGD_POLL_MAX_US", None)
+    else:
+        os.environ["PIPESGD_POLL_MAX_US"] = poll_max_us
+    engine = pipesgd.Engine(comm)  # reads the environment
+    x = np.arange(nbytes // 4, dtype=np.float32) % 97 + comm.Get_rank()
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect, op=MPI.SUM)
+    engine.allreduce(np.zeros(4, np.float32), timeout=60)  # the thread is up and tuned
+    before = _comm_thread_wakes()
+    engine.allreduce(x, op="sum", timeout=60)
+    wakes = _comm_thread_wakes() - before
+    engine.shutdown()
+    if not np.array_equal(x, expect):  # small integers: every order is exact
+        raise AssertionError("the engine's sum differs from MPI's")
+    return wakes
 
 
 def main() -> int:
@@ -33,6 +71,13 @@ def main() -> int:
         burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12)
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
+        return 0
+    if pattern == "wakes":
+        fixed = comm.reduce(_engine_wakes(comm, nbytes, os.environ.get("PIPESGD_POLL_US", "50")))
+        doubling = comm.reduce(_engine_wakes(comm, nbytes, None))
+        if rank == 0:
+            print(json.dumps({"pattern": pattern, "fixed": fixed, "doubling": doubling}),
+                  flush=True)
         return 0
     send = np.full(nbytes, rank, dtype=np.uint8)
     recv = np.empty(nbytes, dtype=np.uint8)
@@ -50,7 +95,7 @@ def main() -> int:
         elif rank in (1, 2):
             comm.Recv(recv, source=0)
     else:
-        raise SystemExit(f"unknown pattern {pattern!r}: use ring, fanout or fail")
+        raise SystemExit(f"unknown pattern {pattern!r}: use ring, fanout, burst, wakes or fail")
     elapsed = comm.reduce(time.perf_counter() - start, op=MPI.MAX, root=0)
     comm.Barrier()
     if rank == 0:
