@@ -14,7 +14,7 @@
 // There a 60 KiB segment takes 0.5 ms, so most wakes every poll_us found
 // nothing: within an operation the sleep doubles after each empty wake, up to
 // poll_max_us, and later wakes find a segment or two ready (same emulator:
-// uncompressed 27 ms of CPU -> 15, quant8 10.5 -> 7.8, in the same time). Each
+// uncompressed 28 ms of CPU -> 15, quant8 10 -> 7.5, in the same time). Each
 // operation starts at poll_us again, so small ones keep their latency.
 #pragma once
 
