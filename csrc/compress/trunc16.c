@@ -44,6 +44,14 @@ static uint32_t t16_decode(const void* ctx, size_t begin, size_t count, uint32_t
     const t16_pass* p = ctx;
     const uint16_t* in = p->in + begin;
     float* out = p->out + begin;
+    for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]);
+    return acc;
+}
+
+static uint32_t t16_decode_scaled(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    float* out = p->out + begin;
     float factor = p->factor;
     for (size_t i = 0; i < count; ++i) out[i] = float_of_trunc16(in[i]) * factor;
     return acc;
@@ -81,7 +89,10 @@ void psg_trunc16_encode(const float* x, size_t n, uint16_t* wire) {
 PSG_KERNEL
 void psg_trunc16_decode_scaled(const uint16_t* wire, size_t n, float factor, float* out) {
     t16_pass p = {.in = wire, .out = out, .factor = factor};
-    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), t16_decode);
+    /* A plain decode stays a bit shift for every input (a multiply would quiet a
+     * signalling NaN that arrived from elsewhere). */
+    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n),
+                    factor == 1.0f ? t16_decode : t16_decode_scaled);
 }
 
 void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
