@@ -10,11 +10,13 @@ void add_native(T* __restrict dst, const T* __restrict src, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// Division is several times slower than multiplication; by a power of two the
+// reciprocal is exact and the product equals the quotient bit for bit.
+bool has_exact_reciprocal(int divisor) { return (divisor & (divisor - 1)) == 0; }
+
 template <typename T>
 void divide_native(T* dst, std::size_t n, int divisor) {
-  // Division is several times slower than multiplication; by a power of two the
-  // reciprocal is exact and the product equals the quotient bit for bit.
-  if ((divisor & (divisor - 1)) == 0) {
+  if (has_exact_reciprocal(divisor)) {
     const T reciprocal = T(1) / static_cast<T>(divisor);
     for (std::size_t i = 0; i < n; ++i) dst[i] *= reciprocal;
     return;
@@ -29,8 +31,14 @@ void add_16(std::uint16_t* __restrict dst, const std::uint16_t* __restrict src, 
 }
 
 template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float)>
-void divide_16(std::uint16_t* dst, std::size_t n, float divisor) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) / divisor);
+void divide_16(std::uint16_t* dst, std::size_t n, int divisor) {
+  if (has_exact_reciprocal(divisor)) {
+    const float reciprocal = 1.0f / static_cast<float>(divisor);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) * reciprocal);
+    return;
+  }
+  const float d = static_cast<float>(divisor);
+  for (std::size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) / d);
 }
 
 }  // namespace
@@ -63,12 +71,10 @@ void divide_by(DType dtype, void* dst, std::size_t n, int divisor) {
       divide_native(static_cast<double*>(dst), n, divisor);
       return;
     case DType::kFloat16:
-      divide_16<half_to_float, float_to_half>(static_cast<std::uint16_t*>(dst), n,
-                                              static_cast<float>(divisor));
+      divide_16<half_to_float, float_to_half>(static_cast<std::uint16_t*>(dst), n, divisor);
       return;
     case DType::kBFloat16:
-      divide_16<bfloat_to_float, float_to_bfloat>(static_cast<std::uint16_t*>(dst), n,
-                                                  static_cast<float>(divisor));
+      divide_16<bfloat_to_float, float_to_bfloat>(static_cast<std::uint16_t*>(dst), n, divisor);
       return;
   }
 }
