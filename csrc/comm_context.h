@@ -20,7 +20,6 @@
 
 #include <mpi.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -92,7 +91,7 @@ class CommContext {
   // it, and a longer sleep is only latency (256 KiB quant8 at p = 4 on 2 cores,
   // one segment per step: 1.3 -> 2-2.8 ms).
   void set_streaming(bool streaming) {
-    max_sleep_us_ = streaming ? std::max(config_.poll_us, config_.poll_max_us) : config_.poll_us;
+    max_sleep_us_ = streaming ? config_.poll_max_us : config_.poll_us;
   }
 
   // Requested by the engine at shutdown: makes the current wait fail.

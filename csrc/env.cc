@@ -1,5 +1,6 @@
 #include "env.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,7 @@ EnvConfig read_env_config() {
   c.window = static_cast<int>(env_double("PIPESGD_RING_WINDOW", c.window, 1));
   c.poll_us = static_cast<int>(env_double("PIPESGD_POLL_US", c.poll_us, 0));
   c.poll_max_us = static_cast<int>(env_double("PIPESGD_POLL_MAX_US", c.poll_max_us, 0));
+  c.poll_max_us = std::max(c.poll_max_us, c.poll_us);  // a ceiling below the floor: no growth
   c.spin_us = static_cast<int>(env_double("PIPESGD_SPIN_US", c.spin_us, 0));
   c.comm_slice_us = static_cast<int>(env_double("PIPESGD_COMM_SLICE_US", c.comm_slice_us, 0));
   c.stall_seconds = env_double("PIPESGD_STALL_SECONDS", c.stall_seconds, 0);

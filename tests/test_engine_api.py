@@ -83,19 +83,23 @@ def test_default_engine_lifecycle() -> None:
     assert not pipesgd.is_initialized()
 
 
-def _comm_thread_slices() -> dict[int, int]:
+def _slice_ns(task: Path) -> int | None:
+    """se.slice (ns) from a task's /proc sched file; None without EEVDF slices."""
+    sched = task / "sched"
+    lines = sched.read_text().splitlines() if sched.exists() else []
+    return next((int(ln.split(":")[1]) for ln in lines if ln.startswith("se.slice")), None)
+
+
+def _comm_thread_slices() -> dict[int, int | None]:
     """Thread id -> se.slice (ns) of every thread named pipesgd-comm in this process."""
-    slices = {}
-    for task in Path("/proc/self/task").iterdir():
-        if (task / "comm").read_text().strip() != "pipesgd-comm":
-            continue
-        for line in (task / "sched").read_text().splitlines():
-            if line.startswith("se.slice"):
-                slices[int(task.name)] = int(line.split(":")[1])
-    return slices
+    return {
+        int(task.name): _slice_ns(task)
+        for task in Path("/proc/self/task").iterdir()
+        if (task / "comm").read_text().strip() == "pipesgd-comm"
+    }
 
 
-def _new_comm_thread_slice() -> int:
+def _new_comm_thread_slice() -> int | None:
     """se.slice of the comm thread of a new engine, read while it runs."""
     before = _comm_thread_slices()
     e = pipesgd.Engine()
@@ -109,9 +113,7 @@ def _new_comm_thread_slice() -> int:
 
 
 def _own_slice() -> int | None:
-    sched = Path("/proc/thread-self/sched")
-    lines = sched.read_text().splitlines() if sched.exists() else []
-    return next((int(ln.split(":")[1]) for ln in lines if ln.startswith("se.slice")), None)
+    return _slice_ns(Path("/proc/thread-self"))
 
 
 @pytest.mark.skipif(_own_slice() is None, reason="no EEVDF slices here (Linux < 6.6)")

@@ -177,6 +177,7 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     with pytest.raises(ValueError, match="load_latency_s"):
         net(load_latency_s=-1e-3)
 
+
 def test_shared_cores_stretch_compute_and_bind_pipe_sgd():
     # 4 ranks, 1 compute thread each, on 2 cores: compute runs at half speed, and
     # Pipe-SGD cannot hide the comm thread's CPU work.

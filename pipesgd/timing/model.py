@@ -434,11 +434,11 @@ def predict(
         else:
             # bucket i leaves when ready and when the comm thread is free; backward is
             # stretched like all compute.
+            walls = [cost.wall(s_comm) for cost in costs]
+            walls[0] -= burst_s  # the first bucket leaves on the refilled bucket
             end = 0.0
-            for i, ((_, ready), cost) in enumerate(zip(buckets, costs, strict=True)):
-                end = max(end, ready * l_back * s_comp) + cost.wall(s_comm)
-                if i == 0:
-                    end -= burst_s
+            for (_, ready), wall in zip(buckets, walls, strict=True):
+                end = max(end, ready * l_back * s_comp) + wall
             tail = max(0.0, end - l_back * s_comp)
         share = tail / (comm_wall - burst_s) if comm_wall > burst_s else 0.0
         breakdown["communication"] = (wire_s - burst_s) * share

@@ -392,7 +392,7 @@ def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 409
 
 
 def _engine_costs(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
-                     ranks_on_node: int) -> tuple[float, float]:
+                  ranks_on_node: int) -> tuple[float, float]:
     """(β_cpu, load latency), both measured on one engine (collective).
 
     β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
