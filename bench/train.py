@@ -213,11 +213,24 @@ def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], f
         if fast is None:
             continue
         comm = comm_s[(model, "quant8")]
-        bound = max(fast.compute_s + fast.update_s, comm)
-        ratio = fast.iteration_time_s / bound
-        lines.append(f"{model}: Pipe-SGD+Q iteration / max(compute + update, "
-                     f"comm {1000 * comm:.1f} ms) = {ratio:.2f} (target <= 1.1) "
-                     f"{'PASS' if ratio <= 1.1 else 'FAIL'}")
+        # compute + update per iteration (their median), not the sum of their medians: the
+        # comm thread's CPU lands in one or the other from iteration to iteration.
+        ratio = fast.iteration_time_s / max(fast.compute_update_s, comm)
+        lines.append(f"{model}: Pipe-SGD+Q iteration / max(compute + update "
+                     f"{1000 * fast.compute_update_s:.2f} ms, comm {1000 * comm:.1f} ms) = "
+                     f"{ratio:.2f} (target <= 1.1) {'PASS' if ratio <= 1.1 else 'FAIL'}")
+        sum_of_medians = fast.iteration_time_s / max(fast.compute_s + fast.update_s, comm)
+        lines.append(f"{model}:   (with the sum of the medians of compute and update instead: "
+                     f"{sum_of_medians:.2f})")
+        sync = by_name.get((model, "dsync+q"))
+        if sync is not None:
+            # What overlapping costs beyond the wait: the comm thread's CPU, taken from
+            # compute on shared cores (D-Sync+Q communicates while compute waits).
+            extra = fast.compute_update_s / sync.compute_update_s - 1
+            lines.append(f"{model}:   compute + update of Pipe-SGD+Q vs D-Sync+Q: "
+                         f"{1000 * fast.compute_update_s:.2f} vs "
+                         f"{1000 * sync.compute_update_s:.2f} ms ({extra:+.0%}, the CPU "
+                         "the overlapped communication takes from compute)")
         for other in ("ddp", "dsync"):
             if (model, other) in by_name:
                 x = by_name[(model, other)].iteration_time_s / fast.iteration_time_s
@@ -314,6 +327,7 @@ def main() -> int:
                     "iter ms": 1000 * r.iteration_time_s,
                     "compute ms": 1000 * r.compute_s,
                     "update ms": 1000 * r.update_s,
+                    "compute+update ms": 1000 * r.compute_update_s,
                     "comm wait ms": 1000 * r.comm_wait_s,
                     "allreduce alone ms": 1000 * comm_s[(c.model, compression)]
                     if c.name in PIPESGD_CONFIGS else None,

@@ -30,9 +30,10 @@ Error bound of a compressed ring-AllReduce over p ranks (``allreduce_error_bound
 ----------------------------------------------------------------------------------
 A ring segment travels p-1 hops in the reduce-scatter. Hop 1 sends encode(x_a) of the
 rank a where the segment starts; every later rank decodes, adds its own block and
-re-encodes (``decode_add_encode``); the owner decodes and adds the last block
-(``decode_add``) and encodes the full sum once more for the allgather, which forwards
-that wire unchanged, so every rank decodes the same bytes. That is p quantisations, the
+re-encodes (``decode_add_encode``); the owner decodes and adds the last block and
+encodes the full sum once more for the allgather (``decode_add_encode_decode``, which
+also decodes that wire for the owner), and the allgather forwards that wire unchanged,
+so every rank decodes the same bytes. That is p quantisations, the
 k-th of the partial sum P_k of k ranks (k = 1..p). Let y_k be the float32 partial sum
 actually quantised, E_k a bound on |value after quantisation k - P_k|, and
 u = 2^-24 the float32 unit roundoff.
@@ -229,6 +230,36 @@ def decode_add(
         _kernels().trunc16_decode_add(_as_uint16(wire), local, flat_out)
     else:
         _kernels().quant8_decode_add(wire, local, flat_out)
+    return out
+
+
+def decode_add_encode_decode(
+    wire: np.ndarray, local: np.ndarray, mode: str, factor: float = 1.0
+) -> np.ndarray:
+    """The owner's last reduce-scatter hop, fused: returns ``encode(decode(wire) + local)``
+    and sets ``local`` to the decoded result times ``factor`` (1/p for an average).
+
+    Bitwise equal to ``decode_add``, ``encode`` and a decode scaled by ``factor`` in turn;
+    every rank decodes the returned bytes the same way, so the replicas stay identical.
+
+    Raises:
+        ValueError: as for ``encode`` and ``decode``, or ``local`` read-only.
+    """
+    _check_mode(mode)
+    flat = _check_float32(local, "local")
+    wire = _check_wire(wire, flat.size, mode)
+    if not flat.flags.writeable:
+        raise ValueError("local is read-only: it receives the decoded result")
+    out = np.empty_like(wire)
+    factor32 = np.float32(factor)
+    if mode == "none":
+        out.view(np.float32)[:] = decode(wire, flat.size, mode) + flat
+        flat[:] = out.view(np.float32) * factor32 if factor32 != 1 else out.view(np.float32)
+    elif mode == "trunc16":
+        _kernels().trunc16_decode_add_encode_decode(_as_uint16(wire), flat, factor32,
+                                                    out.view(np.uint16))
+    else:
+        _kernels().quant8_decode_add_encode_decode(wire, flat, factor32, out)
     return out
 
 

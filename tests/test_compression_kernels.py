@@ -134,6 +134,14 @@ def test_compiled_functions_check_their_buffers() -> None:
         wire = np.zeros(8, np.uint8)
         wire.flags.writeable = False
         _C.compression.quant8_encode(np.zeros(4, np.float32), wire)
+    shared = np.zeros(64, np.uint8)  # local written over the wire it reads: refused
+    with pytest.raises(ValueError, match="must not overlap"):
+        _C.compression.quant8_decode_add_encode_decode(
+            shared[:12], shared[8:40].view(np.float32), 1.0, np.zeros(12, np.uint8))
+    with pytest.raises(ValueError, match="must not overlap"):
+        _C.compression.trunc16_decode_add_encode_decode(
+            np.zeros(8, np.uint16), shared[:32].view(np.float32), 1.0,
+            shared[16:32].view(np.uint16))
 
 
 # ---- trunc16 ----
@@ -251,6 +259,13 @@ def test_fused_ops_equal_composition_bitwise(mode: str, seed: int, n: int) -> No
     in_place = local.copy()
     assert compression.decode_add(wire, in_place, mode, out=in_place) is in_place
     assert same_floats(in_place, summed)
+    # the owner's hop: decode_add, encode, then decode scaled by 1/p, in one kernel
+    for factor in (1.0, 0.25, 1 / 3):
+        owned = local.copy()
+        out = compression.decode_add_encode_decode(wire, owned, mode, factor)
+        np.testing.assert_array_equal(out, compression.encode(summed, mode))
+        decoded = compression.decode(out, n, mode)
+        assert same_floats(owned, decoded if factor == 1 else decoded * np.float32(factor))
 
 
 @pytest.mark.parametrize("mode", ["trunc16", "quant8"])
@@ -263,7 +278,11 @@ def test_fused_ops_with_non_finite_inputs(mode: str) -> None:
         summed = compression.decode(wire, 4, mode) + local
         fused = compression.decode_add_encode(wire, local, mode)
         np.testing.assert_array_equal(fused, compression.encode(summed, mode))
+        owned = local.copy()
+        np.testing.assert_array_equal(
+            compression.decode_add_encode_decode(wire, owned, mode, 0.5), fused)
         back = compression.decode(fused, 4, mode)
+        assert same_floats(owned, back * np.float32(0.5))
         if mode == "quant8":
             assert np.all(np.isnan(back))
         else:  # elementwise IEEE: Inf stays Inf, NaN stays NaN, the rest is untouched

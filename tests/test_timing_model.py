@@ -19,8 +19,10 @@ from pipesgd.timing import (
 from pipesgd.timing import model as M
 
 KERNELS = {
-    "trunc16": KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10, decode_add=4e-10),
-    "quant8": KernelCosts(encode=2e-10, decode_add_encode=5e-10, decode=1e-10, decode_add=3e-10),
+    "trunc16": KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
+                           decode_add_encode_decode=4e-10),
+    "quant8": KernelCosts(encode=2e-10, decode_add_encode=5e-10, decode=1e-10,
+                          decode_add_encode_decode=3e-10),
 }
 
 
@@ -78,8 +80,9 @@ def test_ring_cost_trunc16_by_hand():
     cost = ring_allreduce_cost(4e6, 4, net(), "trunc16")
     assert cost.transfer == pytest.approx(6 * 500000 * 1e-9)
     assert cost.latency == pytest.approx(6e-5)
-    # 2 encodes + (p-2) decode_add_encode + 1 decode_add + p decodes, on a 1e6 B chunk
-    kernels = 1e6 * (2 * 1e-10 + 2 * 3e-10 + 4e-10 + 4 * 2e-10)
+    # 1 encode + (p-2) decode_add_encode + the owner's decode_add_encode_decode + (p-1)
+    # decodes, on a 1e6 B chunk
+    kernels = 1e6 * (1e-10 + 2 * 3e-10 + 4e-10 + 3 * 2e-10)
     assert cost.kernels == pytest.approx(kernels)
 
 
@@ -304,3 +307,13 @@ def test_per_wire_byte_slope_less_reduction_by_hand():
     assert _per_wire_byte(cost, sizes, 4, gamma) == pytest.approx(4e-9)
     # noise that makes the larger size cheaper gives 0, never a negative cost
     assert _per_wire_byte({1000: 2e-5, 3000: 1e-5}, sizes, 4, gamma) == 0.0
+
+
+def test_kernel_costs_from_before_the_fused_owner_hop():
+    # Older descriptions timed the owner's hop as decode_add, then encode and decode.
+    old = {"encode": 1e-10, "decode_add_encode": 3e-10, "decode": 2e-10, "decode_add": 4e-10}
+    k = KernelCosts.from_dict(old)
+    assert k.decode_add_encode_decode == pytest.approx(7e-10)
+    assert (k.encode, k.decode_add_encode, k.decode) == (1e-10, 3e-10, 2e-10)
+    restored = NetworkParams.from_dict({**net().to_dict(), "kernels": {"quant8": old}})
+    assert restored.kernel("quant8") == k

@@ -20,8 +20,11 @@ def test_compare_prints_table_and_json(tmp_path: Path) -> None:
     runs = json.loads(summary.read_text())["runs"]
     assert [r["config"]["name"] for r in runs] == ["dsync", "pipesgd+q"]
     for run in runs:
-        for key in ("iteration_time_s", "compute_s", "update_s", "comm_wait_s"):
+        for key in ("iteration_time_s", "compute_s", "update_s", "comm_wait_s",
+                    "compute_update_s"):
             assert run[key] >= 0, (key, run)
+        # compute + update <= the iteration in every iteration, so in the medians too
+        assert run["compute_update_s"] <= run["iteration_time_s"], run
         assert 0.5 < run["final_accuracy"] <= 1.0, run
         assert run["history"] and run["history"][-1]["wall_s"] > 0
 

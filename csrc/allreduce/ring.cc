@@ -17,7 +17,8 @@
 // Compression (trunc16, quant8; float32 only): reduce-scatter hops decompress
 // what arrives, add local values and recompress for the next hop; the owner
 // of a reduced chunk compresses it once, decompresses those same bytes for
-// itself, and allgather forwards the bytes unchanged. Average divides once, at
+// itself (one fused kernel for the three), and allgather forwards the bytes
+// unchanged. Average divides once, at
 // the end: by the owner before allgather when uncompressed, by every rank
 // after decompressing the same bytes otherwise.
 //
@@ -298,9 +299,7 @@ class RingRun {
     if (rs && !final_rs) {
       codec_->decode_add_encode(received, local_f32(off), n, scratch_, out);
     } else if (rs) {
-      codec_->decode_add(received, local_f32(off), n, local_f32(off));
-      codec_->encode(local_f32(off), n, out);
-      codec_->decode(out, n, factor, local_f32(off));
+      codec_->decode_add_encode_decode(received, local_f32(off), n, factor, out);
     } else {
       codec_->decode(out, n, factor, local_f32(off));
     }

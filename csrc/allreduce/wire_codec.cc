@@ -21,9 +21,10 @@ class Trunc16Codec final : public WireCodec {
     psg_trunc16_decode_add_encode(static_cast<const std::uint16_t*>(in_wire), local, n,
                                   static_cast<std::uint16_t*>(out_wire));
   }
-  void decode_add(const void* in_wire, const float* local, std::size_t n,
-                  float* out) const override {
-    psg_trunc16_decode_add(static_cast<const std::uint16_t*>(in_wire), local, n, out);
+  void decode_add_encode_decode(const void* in_wire, float* local, std::size_t n, float factor,
+                                void* out_wire) const override {
+    psg_trunc16_decode_add_encode_decode(static_cast<const std::uint16_t*>(in_wire), local, n,
+                                         factor, static_cast<std::uint16_t*>(out_wire));
   }
 };
 
@@ -40,9 +41,9 @@ class Quant8Codec final : public WireCodec {
                          void* out_wire) const override {
     psg_quant8_decode_add_encode(in_wire, local, n, scratch, out_wire);
   }
-  void decode_add(const void* in_wire, const float* local, std::size_t n,
-                  float* out) const override {
-    psg_quant8_decode_add(in_wire, local, n, out);
+  void decode_add_encode_decode(const void* in_wire, float* local, std::size_t n, float factor,
+                                void* out_wire) const override {
+    psg_quant8_decode_add_encode_decode(in_wire, local, n, factor, out_wire);
   }
 };
 

@@ -19,9 +19,10 @@ class WireCodec {
   // out_wire = encode(decode(in_wire) + local)
   virtual void decode_add_encode(const void* in_wire, const float* local, std::size_t n,
                                  float* scratch, void* out_wire) const = 0;
-  // out = decode(in_wire) + local (out may alias local)
-  virtual void decode_add(const void* in_wire, const float* local, std::size_t n,
-                          float* out) const = 0;
+  // The owner's last hop: out_wire = encode(decode(in_wire) + local), then
+  // local = decode(out_wire) * factor, in one fused kernel.
+  virtual void decode_add_encode_decode(const void* in_wire, float* local, std::size_t n,
+                                        float factor, void* out_wire) const = 0;
 };
 
 // nullptr for Compression::kNone: the ring then sends the local dtype as is.

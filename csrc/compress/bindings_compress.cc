@@ -46,6 +46,17 @@ T* checked_data(const py::array& a, std::size_t expected, const char* name, bool
   return ptr;
 }
 
+// The fused owner kernels write `local` and read and write the wires: they must not share
+// memory (a wire may be the same array as the other wire).
+void check_disjoint(const py::array& a, const char* a_name, const py::array& b,
+                    const char* b_name) {
+  auto begin = [](const py::array& x) { return reinterpret_cast<std::uintptr_t>(x.data()); };
+  auto end = [&](const py::array& x) { return begin(x) + static_cast<std::uintptr_t>(x.nbytes()); };
+  if (begin(a) < end(b) && begin(b) < end(a)) {
+    throw py::value_error(std::string(a_name) + " and " + b_name + " must not overlap");
+  }
+}
+
 std::size_t float_count(const py::array& a, const char* name) {
   checked_data<float>(a, static_cast<std::size_t>(a.size()), name, false);
   return static_cast<std::size_t>(a.size());
@@ -97,6 +108,21 @@ void bind_trunc16(py::module_& m) {
       },
       py::arg("in_wire"), py::arg("local"), py::arg("out"),
       "out = decode(in_wire) + local (out may be local)");
+  m.def(
+      "trunc16_decode_add_encode_decode",
+      [](const py::array& in_wire, const py::array& local, float factor,
+         const py::array& out_wire) {
+        std::size_t n = float_count(local, "local");
+        const auto* pi = checked_data<std::uint16_t>(in_wire, n, "in_wire", false);
+        float* pl = checked_data<float>(local, n, "local", true);
+        auto* po = checked_data<std::uint16_t>(out_wire, n, "out_wire", true);
+        check_disjoint(local, "local", in_wire, "in_wire");
+        check_disjoint(local, "local", out_wire, "out_wire");
+        py::gil_scoped_release release;
+        psg_trunc16_decode_add_encode_decode(pi, pl, n, factor, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("factor"), py::arg("out_wire"),
+      "out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor");
 }
 
 void bind_quant8(py::module_& m) {
@@ -149,6 +175,22 @@ void bind_quant8(py::module_& m) {
       },
       py::arg("in_wire"), py::arg("local"), py::arg("out"),
       "out = decode(in_wire) + local (out may be local)");
+  m.def(
+      "quant8_decode_add_encode_decode",
+      [](const py::array& in_wire, const py::array& local, float factor,
+         const py::array& out_wire) {
+        std::size_t n = float_count(local, "local");
+        std::size_t bytes = psg_quant8_wire_bytes(n);
+        const auto* pi = checked_data<std::uint8_t>(in_wire, bytes, "in_wire", false);
+        float* pl = checked_data<float>(local, n, "local", true);
+        auto* po = checked_data<std::uint8_t>(out_wire, bytes, "out_wire", true);
+        check_disjoint(local, "local", in_wire, "in_wire");
+        check_disjoint(local, "local", out_wire, "out_wire");
+        py::gil_scoped_release release;
+        psg_quant8_decode_add_encode_decode(pi, pl, n, factor, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("factor"), py::arg("out_wire"),
+      "out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor");
 }
 
 }  // namespace

@@ -35,6 +35,16 @@
 #define PSG_KERNEL
 #endif
 
+/* Helpers that take a pass as a function pointer must be inlined into each kernel, so
+ * the pointer is a constant there and the pass is compiled for that kernel's SIMD level:
+ * an out-of-line helper is compiled once, for the baseline, and calls the pass
+ * indirectly (quant8's quantise passes ran as SSE2 that way). */
+#if defined(__GNUC__)
+#define PSG_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define PSG_ALWAYS_INLINE static inline
+#endif
+
 #define PSG_F32_ABS_MASK 0x7FFFFFFFu
 #define PSG_F32_INF_BITS 0x7F800000u /* |x| bits above this are NaN, equal is Inf */
 
@@ -83,7 +93,7 @@ static inline size_t psg_head_to_align(const void* p, size_t elem_size, size_t n
 
 /* fn over [0, n): `head` elements, then PSG_STREAMS interleaved parts, then the
  * tail. Returns the max of fn's reductions (0 for an empty range). */
-static inline uint32_t psg_run_streams(const void* ctx, size_t n, size_t head, psg_range_fn fn) {
+PSG_ALWAYS_INLINE uint32_t psg_run_streams(const void* ctx, size_t n, size_t head, psg_range_fn fn) {
     uint32_t acc = fn(ctx, 0, head, 0);
     size_t per_stream = (n - head) / PSG_STREAMS / PSG_CHUNK * PSG_CHUNK;
     uint32_t stream_acc[PSG_STREAMS] = {0};

@@ -41,6 +41,11 @@ void psg_trunc16_decode_add_encode(const uint16_t* in_wire, const float* local, 
                                    uint16_t* out_wire);
 /* out = decode(in_wire) + local; out may alias local. */
 void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t n, float* out);
+/* The owner of a chunk finishes it in one pass: out_wire = encode(decode(in_wire) + local),
+ * then local = decode(out_wire) * factor. Bitwise equal to decode_add, encode and
+ * decode_scaled in turn. in_wire may equal out_wire; local must not overlap either. */
+void psg_trunc16_decode_add_encode_decode(const uint16_t* in_wire, float* local, size_t n,
+                                          float factor, uint16_t* out_wire);
 
 /* ---- quant8 ---- */
 size_t psg_quant8_wire_bytes(size_t n); /* 4 + n */
@@ -55,6 +60,10 @@ void psg_quant8_decode_add_encode(const void* in_wire, const float* local, size_
                                   float* scratch, void* out_wire);
 /* out = decode(in_wire) + local; out may alias local. */
 void psg_quant8_decode_add(const void* in_wire, const float* local, size_t n, float* out);
+/* As psg_trunc16_decode_add_encode_decode, in two passes over the block (the max comes
+ * first) instead of the four of the composition. */
+void psg_quant8_decode_add_encode_decode(const void* in_wire, float* local, size_t n,
+                                         float factor, void* out_wire);
 
 #ifdef __cplusplus
 }

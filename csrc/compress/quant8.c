@@ -156,9 +156,40 @@ static uint32_t q8_dequantise_add(const void* ctx, size_t begin, size_t count, u
     return acc;
 }
 
+/* The owner's pass 1: out = decode(in) + out (out holds this rank's values), and the
+ * max |sum|. One pointer reads and writes, so the loop vectorises without alias checks. */
+static uint32_t q8_store_sum_max(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    const int8_t* q_in = p->q_in + begin;
+    float* v = p->out + begin;
+    float scale_in = p->scale_in;
+    for (size_t i = 0; i < count; ++i) {
+        float sum = q8_sum(q_in[i], scale_in, v[i]);
+        v[i] = sum;
+        acc = max_u32(acc, psg_f32_bits(sum) & PSG_F32_ABS_MASK);
+    }
+    return acc;
+}
+
+/* The owner's pass 2: q_out = quantise(out), then out = decode(q_out) * factor. */
+static uint32_t q8_quantise_decode(const void* ctx, size_t begin, size_t count, uint32_t acc) {
+    const q8_pass* p = ctx;
+    float* v = p->out + begin;
+    int8_t* q_out = p->q_out + begin;
+    float pre = p->pre_scale, inv = p->inv_scale, scale = p->scale, factor = p->factor;
+    for (size_t i = 0; i < count; ++i) {
+        /* As q8_round; m - magic is round(t) exactly, i.e. (float)q without converting
+         * the narrowed integer back. */
+        float m = (v[i] * pre) * inv + Q8_ROUND_MAGIC;
+        q_out[i] = (int8_t)((int32_t)psg_f32_bits(m) - Q8_ROUND_MAGIC_BITS);
+        v[i] = ((m - Q8_ROUND_MAGIC) * scale) * factor;
+    }
+    return acc;
+}
+
 /* Encodes q_out from the pass `quantise` once the block's max |value| is known. */
-static float q8_finish_encode(q8_pass* p, size_t n, size_t head, uint32_t max_abs_bits,
-                              psg_range_fn quantise) {
+PSG_ALWAYS_INLINE float q8_finish_encode(q8_pass* p, size_t n, size_t head,
+                                        uint32_t max_abs_bits, psg_range_fn quantise) {
     p->scale = q8_scale_of_max(max_abs_bits);
     if (max_abs_bits == 0 || max_abs_bits >= PSG_F32_INF_BITS) {
         memset(p->q_out, 0, n); /* zeros decode to zeros, or to NaN * 0 = NaN */
@@ -214,4 +245,24 @@ void psg_quant8_decode_add(const void* in_wire, const float* local, size_t n, fl
                  .local = local,
                  .out = out};
     psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), q8_dequantise_add);
+}
+
+PSG_KERNEL
+void psg_quant8_decode_add_encode_decode(const void* in_wire, float* local, size_t n,
+                                         float factor, void* out_wire) {
+    q8_pass p = {.q_in = (const int8_t*)((const unsigned char*)in_wire + Q8_HEADER_BYTES),
+                 .scale_in = q8_read_scale(in_wire),
+                 .out = local,
+                 .factor = factor,
+                 .q_out = (int8_t*)((unsigned char*)out_wire + Q8_HEADER_BYTES)};
+    size_t head = psg_head_to_align(local, sizeof *local, n);
+    uint32_t max_bits = psg_run_streams(&p, n, head, q8_store_sum_max);
+    float scale = q8_finish_encode(&p, n, head, max_bits, q8_quantise_decode);
+    if (max_bits == 0 || max_bits >= PSG_F32_INF_BITS) {
+        /* zeroed q_out: decode it like any block (zeros, or NaN from the NaN scale) */
+        p.q_in = p.q_out;
+        p.scale_in = scale;
+        psg_run_streams(&p, n, head, q8_dequantise);
+    }
+    q8_write_scale(out_wire, scale);
 }

@@ -78,6 +78,37 @@ static uint32_t t16_decode_add(const void* ctx, size_t begin, size_t count, uint
     return acc;
 }
 
+/* The owner's step: wire = encode(decode(in) + out), then out = decode(wire) (a shift, as
+ * the plain decode) or decode(wire) * factor. */
+static uint32_t t16_decode_add_encode_decode(const void* ctx, size_t begin, size_t count,
+                                             uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    float* v = p->out + begin;
+    uint16_t* wire = p->wire + begin;
+    for (size_t i = 0; i < count; ++i) {
+        uint16_t h = trunc16_of(float_of_trunc16(in[i]) + v[i]);
+        wire[i] = h;
+        v[i] = float_of_trunc16(h);
+    }
+    return acc;
+}
+
+static uint32_t t16_decode_add_encode_decode_scaled(const void* ctx, size_t begin,
+                                                    size_t count, uint32_t acc) {
+    const t16_pass* p = ctx;
+    const uint16_t* in = p->in + begin;
+    float* v = p->out + begin;
+    uint16_t* wire = p->wire + begin;
+    float factor = p->factor;
+    for (size_t i = 0; i < count; ++i) {
+        uint16_t h = trunc16_of(float_of_trunc16(in[i]) + v[i]);
+        wire[i] = h;
+        v[i] = float_of_trunc16(h) * factor;
+    }
+    return acc;
+}
+
 size_t psg_trunc16_wire_bytes(size_t n) { return 2 * n; }
 
 PSG_KERNEL
@@ -91,8 +122,12 @@ void psg_trunc16_decode_scaled(const uint16_t* wire, size_t n, float factor, flo
     t16_pass p = {.in = wire, .out = out, .factor = factor};
     /* A plain decode stays a bit shift for every input (a multiply would quiet a
      * signalling NaN that arrived from elsewhere). */
-    psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n),
-                    factor == 1.0f ? t16_decode : t16_decode_scaled);
+    size_t head = psg_head_to_align(out, sizeof *out, n);
+    if (factor == 1.0f) {
+        psg_run_streams(&p, n, head, t16_decode);
+    } else {
+        psg_run_streams(&p, n, head, t16_decode_scaled);
+    }
 }
 
 void psg_trunc16_decode(const uint16_t* wire, size_t n, float* out) {
@@ -110,4 +145,16 @@ PSG_KERNEL
 void psg_trunc16_decode_add(const uint16_t* in_wire, const float* local, size_t n, float* out) {
     t16_pass p = {.in = in_wire, .local = local, .out = out};
     psg_run_streams(&p, n, psg_head_to_align(out, sizeof *out, n), t16_decode_add);
+}
+
+PSG_KERNEL
+void psg_trunc16_decode_add_encode_decode(const uint16_t* in_wire, float* local, size_t n,
+                                          float factor, uint16_t* out_wire) {
+    t16_pass p = {.in = in_wire, .out = local, .wire = out_wire, .factor = factor};
+    size_t head = psg_head_to_align(local, sizeof *local, n);
+    if (factor == 1.0f) {
+        psg_run_streams(&p, n, head, t16_decode_add_encode_decode);
+    } else {
+        psg_run_streams(&p, n, head, t16_decode_add_encode_decode_scaled);
+    }
 }

@@ -92,7 +92,7 @@ def format_network(net: Any) -> str:
     for mode, k in net.kernels.items():
         lines.append(f"  {mode:<7} ns/B: encode {k.encode * 1e9:.4f}  decode_add_encode "
                      f"{k.decode_add_encode * 1e9:.4f}  decode {k.decode * 1e9:.4f}  "
-                     f"decode_add {k.decode_add * 1e9:.4f}")
+                     f"owner's decode_add_encode_decode {k.decode_add_encode_decode * 1e9:.4f}")
     rph = "all ranks" if net.ranks_per_host is None else net.ranks_per_host
     lines.append(f"  host: {net.cores} cores, {rph} per host; spread (IQR/median): "
                  + ", ".join(f"{k} {v:.0%}" for k, v in net.spread.items()))

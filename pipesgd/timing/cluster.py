@@ -78,8 +78,10 @@ HOST_CPU_DEFAULTS = {
     "gamma_s_per_byte": 1.9e-10,
     "copy_s_per_byte": 6.8e-11,
     "kernels": {
-        "trunc16": KernelCosts(6.1e-11, 8.4e-11, 1.24e-10, 1.06e-10),
-        "quant8": KernelCosts(8.9e-11, 1.48e-10, 1.10e-10, 9.4e-11),
+        "trunc16": KernelCosts(encode=6.1e-11, decode_add_encode=8.4e-11, decode=1.24e-10,
+                               decode_add_encode_decode=8.7e-11),
+        "quant8": KernelCosts(encode=8.9e-11, decode_add_encode=1.48e-10, decode=1.10e-10,
+                              decode_add_encode_decode=1.04e-10),
     },
 }
 

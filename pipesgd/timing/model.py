@@ -16,11 +16,12 @@ Extensions (`ring_allreduce_cost`, `predict`):
 
 * Compression: the wire carries `wire_bytes` (n/2 for trunc16; n/4 + 4 B per ring segment
   for quant8), so the β term is 2(p-1) w β with w the wire bytes of one chunk of n/p. The
-  γ term becomes the kernels each rank runs on its n/p-byte chunks: 2 encodes (first hop,
-  owner), p-2 decode_add_encode (middle hops), 1 decode_add (owner), p decodes (every
-  final chunk) -- `compression_seconds`. All of it runs on the comm thread, so it sits on
-  the critical path of D-Sync (K = 1) and on the comm side of eq. 4 for Pipe-SGD, hidden
-  as long as the comm side is shorter than the compute side.
+  γ term becomes the kernels each rank runs on its n/p-byte chunks: 1 encode (first hop),
+  p-2 decode_add_encode (middle hops), 1 decode_add_encode_decode (the owner's fused last
+  hop), p-1 decodes (the chunks the allgather brings) -- `compression_seconds`. All of
+  it runs on the comm thread, so it sits on the critical path of D-Sync (K = 1) and on
+  the comm side of eq. 4 for Pipe-SGD, hidden as long as the comm side is shorter than
+  the compute side.
 * Shared cores: R ranks per host (R = p when all ranks share this machine), each with t
   compute threads and one comm thread, on C cores. Computing together, ranks get
   C / (R t) of the cores they were profiled with: compute stretches by
@@ -209,7 +210,8 @@ def compression_seconds(n: float, p: int, net: NetworkParams, mode: str) -> floa
     if mode == "none":
         return (p - 1) * chunk * net.gamma_s_per_byte  # eq. 5's (p-1)/p n γ
     k = net.kernel(mode)
-    return chunk * (2 * k.encode + (p - 2) * k.decode_add_encode + k.decode_add + p * k.decode)
+    return chunk * (k.encode + (p - 2) * k.decode_add_encode + k.decode_add_encode_decode
+                    + (p - 1) * k.decode)
 
 
 def ring_allreduce_cost(

@@ -39,16 +39,27 @@ class KernelCosts:
     """Seconds per byte of float32 input of the four kernels a compressed ring runs.
 
     Attributes:
-        encode: float32 -> wire (first hop of a chunk, and the owner's final chunk).
+        encode: float32 -> wire (first hop of a chunk).
         decode_add_encode: one reduce-scatter hop (decode, add local block, re-encode).
-        decode: allgather: every rank decodes every chunk.
-        decode_add: the owner's last reduce-scatter hop.
+        decode: allgather: every rank decodes every chunk it does not own.
+        decode_add_encode_decode: the owner's last reduce-scatter hop, fused: decode, add
+            the local block, encode for the allgather and decode those bytes for itself.
     """
 
     encode: float
     decode_add_encode: float
     decode: float
-    decode_add: float
+    decode_add_encode_decode: float
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float]) -> KernelCosts:
+        """Also reads descriptions written before the owner's hop was fused, where it was
+        decode_add, then encode and decode: the three kernels it replaces."""
+        if "decode_add" in data and "decode_add_encode_decode" not in data:
+            data = dict(data)
+            data["decode_add_encode_decode"] = (data.pop("decode_add") + data["encode"]
+                                                + data["decode"])
+        return cls(**data)
 
     def check(self, mode: str) -> None:
         for name, value in dataclasses.asdict(self).items():
@@ -103,7 +114,7 @@ class NetworkParams:
         if self.cores is None:
             self.cores = _default_cores()
         self.kernels = {
-            mode: k if isinstance(k, KernelCosts) else KernelCosts(**k)
+            mode: k if isinstance(k, KernelCosts) else KernelCosts.from_dict(k)
             for mode, k in self.kernels.items()
         }
         self.check()
@@ -217,8 +228,10 @@ def measure_kernels(
                 f"{mode}.decode_add_encode", lambda m=mode, w=wire: C.decode_add_encode(w, local, m)
             ),
             decode=per_byte(f"{mode}.decode", lambda m=mode, w=wire: C.decode(w, n, m)),
-            decode_add=per_byte(
-                f"{mode}.decode_add", lambda m=mode, w=wire: C.decode_add(w, local, m, out=acc)
+            # overwrites its local block: acc, whose values do not change the cost
+            decode_add_encode_decode=per_byte(
+                f"{mode}.decode_add_encode_decode",
+                lambda m=mode, w=wire: C.decode_add_encode_decode(w, acc, m),
             ),
         )
     return gamma, copy, kernels, spread
@@ -414,6 +427,29 @@ def _engine_costs(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
     return float(statistics.median(comm.allgather(beta_cpu))), load_latency
 
 
+def _engine_segment_bytes(comm: Any) -> int:
+    """The ring segment the engine picks for this communicator's transport (collective)."""
+    from pipesgd.engine import Engine
+
+    engine = Engine(comm)
+    try:
+        return engine.segment_bytes
+    finally:
+        engine.shutdown()
+
+
+def _ring_step(comm: Any, send: Any, recv: Any, segment: int) -> None:
+    """`send` to the right neighbour while `recv` arrives from the left, in segments."""
+    from mpi4py import MPI
+
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    offsets = range(0, len(send), segment)
+    requests = [comm.Irecv(recv[o : o + segment], source=left, tag=3) for o in offsets]
+    requests += [comm.Isend(send[o : o + segment], dest=right, tag=3) for o in offsets]
+    MPI.Request.Waitall(requests)
+
+
 def measure_network(
     comm: Any = None,
     *,
@@ -427,8 +463,11 @@ def measure_network(
 
     * α: half the round trip of a `small_bytes` ping-pong between ranks 0 and 1.
     * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
-      left (one ring step, as the ring-AllReduce runs it); β is the slope of the slowest
-      rank's time between the two `large_bytes` sizes, so latency drops out.
+      left (one ring step, as the ring-AllReduce runs it, in the engine's segments); β is
+      the slope of the slowest rank's time between the two `large_bytes` sizes, so latency
+      drops out. Not one large `Sendrecv`: over TCP, Open MPI's rendezvous for a message
+      above its eager limit ran at half the link's rate in some repetitions and at full
+      rate in others (16 MiB on 1 Gbit/s links: 147 or 291 ms), which the engine avoids.
     * burst: a `burst_probe_bytes` transfer from rank 0 to 1 on a link that idled long
       enough to refill, against one right after (`_measure_burst`); 0 unless clearly
       faster.
@@ -474,7 +513,7 @@ def measure_network(
     # beta, beta_cpu: a ring step at two sizes
     beta = beta_cpu = burst = load_latency = 0.0
     if size > 1:
-        right, left = (rank + 1) % size, (rank - 1) % size
+        segment = _engine_segment_bytes(comm)
         step_times: dict[int, list[float]] = {}
         for m in large_bytes:
             send = np.ones(m, dtype=np.uint8)
@@ -483,7 +522,7 @@ def measure_network(
             for i in range(repeats + 3):
                 comm.Barrier()
                 start = time.perf_counter()
-                comm.Sendrecv(send, dest=right, sendtag=3, recvbuf=recv, source=left, recvtag=3)
+                _ring_step(comm, send, recv, segment)
                 slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
                 if i >= 3:
                     walls.append(slowest)

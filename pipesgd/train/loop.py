@@ -106,6 +106,10 @@ class RunResult:
     compute_s: float
     update_s: float
     comm_wait_s: float
+    # Median of compute + update taken per iteration: the iteration less its wait. Not
+    # compute_s + update_s: where the comm thread's CPU lands moves time between the two
+    # from one iteration to the next, and a sum of medians misses that.
+    compute_update_s: float
     final_accuracy: float
     final_test_loss: float
     history: list[EpochRecord] = field(default_factory=list)
@@ -291,6 +295,8 @@ def run(
         compute_s=_median_after_warmup(compute, skip),
         update_s=_median_after_warmup(update, skip),
         comm_wait_s=_median_after_warmup(wait, skip),
+        compute_update_s=_median_after_warmup([c + u for c, u in zip(compute, update,
+                                                                     strict=True)], skip),
         final_accuracy=last.accuracy,
         final_test_loss=last.test_loss,
         history=history,
