@@ -35,7 +35,11 @@ Extensions (`ring_allreduce_cost`, `predict`):
   overlaps them for the compute part of each iteration, so with S ring steps per
   iteration its communication takes W' = W + S λ_load min(1, compute / W') (W the
   unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
-  compute waits, so it is not delayed.
+  compute waits, except at its end: ranks leave the allreduce one after another, the
+  first ones start computing, and the last ring step of the others waits for a core,
+  so D-Sync's iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks
+  left the allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the
+  model without it, in every compression mode).
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
@@ -445,8 +449,11 @@ def predict(
         share = tail / (comm_wall - burst_s) if comm_wall > burst_s else 0.0
         breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
-        breakdown["contention"] = contention_compute
-        iteration = compute_wall + tail
+        # the last ring step of the ranks that leave the allreduce last waits for a core
+        last_step_wait = network.load_latency_s if p > 1 else 0.0
+        loaded = comm_wall + last_step_wait
+        breakdown["contention"] = contention_compute + last_step_wait
+        iteration = compute_wall + tail + last_step_wait
         # Overlapping with backward shares cores with compute: never beat the CPU work.
         if overlap == "backward" and cpu_bound > iteration:
             breakdown["contention"] += cpu_bound - iteration
