@@ -244,20 +244,44 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
-def _ping_pong(comm: Any, out: Any, back: Any) -> float:
-    """Rank 0 sends `out` to rank 1, which answers with `back`; the time this rank spent."""
+POLITE_POLL_S = 50e-6
+
+
+def _wait(requests: list[Any], polite: bool) -> None:
+    """Wait for every request; politely (test, then sleep) where ranks share cores: MPI's
+    Waitall busy-polls, and a rank spinning there takes the core from the ranks whose
+    transfers it waits for (over TCP, Open MPI moves data only inside MPI calls)."""
+    from mpi4py import MPI
+
+    if not polite:
+        MPI.Request.Waitall(requests)
+        return
+    while not MPI.Request.Testall(requests):
+        time.sleep(POLITE_POLL_S)
+
+
+def _segments(buf: Any, segment: int) -> list[Any]:
+    return [buf[o : o + segment] for o in range(0, len(buf), segment)]
+
+
+def _ping_pong(comm: Any, out: Any, back: Any, segment: int | None = None,
+               polite: bool = False) -> float:
+    """Rank 0 sends `out` to rank 1 (in `segment`-byte messages, as the engine does, if
+    given), which answers with `back`; the time this rank spent."""
     rank = comm.Get_rank()
+    pieces = _segments(out, segment) if segment else [out]
     start = time.perf_counter()
     if rank == 0:
-        comm.Send(out, dest=1, tag=1)
+        _wait([comm.Isend(piece, dest=1, tag=1) for piece in pieces], polite)
         comm.Recv(back, source=1, tag=2)
     elif rank == 1:
-        comm.Recv(out, source=0, tag=1)
+        _wait([comm.Irecv(piece, source=0, tag=1) for piece in pieces], polite)
         comm.Send(back, dest=0, tag=2)
     return time.perf_counter() - start
 
 
-def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tuple[float, float]:
+def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int, segment: int,
+                   polite: bool) -> tuple[float, float]:
     """Bytes a link sends at line rate after idling: (burst, spread) (collective).
 
     Rank 0 sends `probe_bytes` to rank 1 (which answers with one byte) once after the
@@ -265,7 +289,9 @@ def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tu
     empty bucket; the time the first saves is the burst times β. One flow on one link
     pair: a whole ring's steps vary by more than the burst saves. A probe of a few
     buckets, not many: on emulated 1 Gbit/s links a 512 KiB transfer after an idle spell
-    mostly came out slower than the next one, a 256 KiB one found the 125 kB bucket.
+    mostly came out slower than the next one, a 256 KiB one found the 125 kB bucket. It
+    travels in the engine's segments: as one message it took Open MPI's rendezvous over
+    TCP, whose extra round trip and pacing hid the bucket in some runs.
     Below 50 µs or 5 % of the transfer the difference is noise (shared memory, a NIC
     without shaping): 0.
     """
@@ -278,8 +304,8 @@ def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int) -> tu
     for _ in range(repeats):
         _idle_barrier(comm)
         time.sleep(refill_s)
-        t_full = _ping_pong(comm, buf, ack)
-        t_drained = _ping_pong(comm, buf, ack)
+        t_full = _ping_pong(comm, buf, ack, segment, polite)
+        t_drained = _ping_pong(comm, buf, ack, segment, polite)
         saved.append(t_drained - t_full)
         drained.append(t_drained)
     saved, drained = comm.bcast((saved, drained), root=0)
@@ -438,16 +464,13 @@ def _engine_segment_bytes(comm: Any) -> int:
         engine.shutdown()
 
 
-def _ring_step(comm: Any, send: Any, recv: Any, segment: int) -> None:
+def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> None:
     """`send` to the right neighbour while `recv` arrives from the left, in segments."""
-    from mpi4py import MPI
-
     size, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % size, (rank - 1) % size
-    offsets = range(0, len(send), segment)
-    requests = [comm.Irecv(recv[o : o + segment], source=left, tag=3) for o in offsets]
-    requests += [comm.Isend(send[o : o + segment], dest=right, tag=3) for o in offsets]
-    MPI.Request.Waitall(requests)
+    requests = [comm.Irecv(piece, source=left, tag=3) for piece in _segments(recv, segment)]
+    requests += [comm.Isend(piece, dest=right, tag=3) for piece in _segments(send, segment)]
+    _wait(requests, polite)
 
 
 def measure_network(
@@ -497,6 +520,12 @@ def measure_network(
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     spread: dict[str, float] = {}
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    on_node = node.Get_size()
+    node.Free()
+    max_on_node = comm.allreduce(on_node, op=MPI.MAX)
+    # more ranks than cores: a rank busy-polling for a transfer holds up its peers
+    oversubscribed = max_on_node > _default_cores()
 
     # alpha: ping-pong between 0 and 1
     alpha = 0.0
@@ -522,7 +551,7 @@ def measure_network(
             for i in range(repeats + 3):
                 comm.Barrier()
                 start = time.perf_counter()
-                _ring_step(comm, send, recv, segment)
+                _ring_step(comm, send, recv, segment, oversubscribed)
                 slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
                 if i >= 3:
                     walls.append(slowest)
@@ -532,7 +561,7 @@ def measure_network(
         t_large, spread["beta"] = _median_spread(step_times[large])
         beta = max(t_large - t_small, 1e-15) / (large - small)
         burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
-                                                max(12, repeats // 2))
+                                                max(12, repeats // 2), segment, oversubscribed)
 
     # S: barrier
     samples = []
@@ -553,10 +582,6 @@ def measure_network(
         (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
     )
     spread.update(kernel_spread)
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    on_node = node.Get_size()
-    node.Free()
-    max_on_node = comm.allreduce(on_node, op=MPI.MAX)
     if size > 1:
         beta_cpu, load_latency = _engine_costs(comm, large_bytes, min(repeats, 5), gamma,
                                                max_on_node)

@@ -66,9 +66,12 @@ def main() -> int:
     if pattern == "fail":
         return 3
     if pattern == "burst":
-        from pipesgd.timing.network import _measure_burst
+        from pipesgd.timing.network import _engine_segment_bytes, _measure_burst
 
-        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12)
+        # as measure_network runs it: the engine's segments, polite waits on shared cores
+        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12,
+                                  segment=_engine_segment_bytes(comm),
+                                  polite=size > (os.cpu_count() or 1))
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
         return 0
