@@ -101,6 +101,35 @@ void check_decode_scaled(Decode decode, DecodeScaled decode_scaled, std::size_t 
   }
 }
 
+// The owner's hop (decode_add_encode_decode) must write the bytes of encode(decode +
+// local), `composed`, and leave local = decode_scaled(those bytes), also with
+// in_wire == out_wire. W is the wire's element type, `wire_elems` its length.
+template <typename W, typename Owner, typename DecodeScaled>
+void check_owner_hop(Owner owner, DecodeScaled decode_scaled, const W* in_wire,
+                     const W* composed, std::size_t wire_elems, const float* local,
+                     std::size_t n, const char* what) {
+  for (float factor : {1.0f, 0.25f, 1.0f / 3.0f}) {
+    Block<W> owner_wire(wire_elems, 1), in_copy(wire_elems, 0);
+    Block<float> owned(n, 3), owned_in_place(n, 1), expected(n, 0);
+    std::memcpy(owned.data(), local, 4 * n);
+    std::memcpy(owned_in_place.data(), local, 4 * n);
+    std::memcpy(in_copy.data(), in_wire, sizeof(W) * wire_elems);
+    owner(in_wire, owned.data(), n, factor, owner_wire.data());
+    owner(in_copy.data(), owned_in_place.data(), n, factor, in_copy.data());
+    CHECK(std::memcmp(owner_wire.data(), composed, sizeof(W) * wire_elems) == 0,
+          "%s: decode_add_encode_decode's wire differs from encode(decode + local)", what);
+    CHECK(std::memcmp(in_copy.data(), composed, sizeof(W) * wire_elems) == 0,
+          "%s: decode_add_encode_decode in place differs", what);
+    decode_scaled(composed, n, factor, expected.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      CHECK(same_float(owned.data()[i], expected.data()[i]) &&
+                same_float(owned_in_place.data()[i], expected.data()[i]),
+            "%s[%zu]: decode_add_encode_decode(%g) differs from decode_scaled of its wire",
+            what, i, static_cast<double>(factor));
+    }
+  }
+}
+
 // ---- trunc16 ----
 
 void check_trunc16_roundtrip(const float* x, std::size_t n, const char* what) {
@@ -157,29 +186,8 @@ void check_trunc16_fused(const float* in_values, const float* local, std::size_t
     CHECK(same, "%s[%zu]: decode_add in place (out == local) differs", what, i);
   }
 
-  // The owner's hop: decode_add, encode, decode_scaled in one kernel; also in place.
-  for (float factor : {1.0f, 0.25f, 1.0f / 3.0f}) {
-    Block<uint16_t> owner_wire(n, 1), in_copy(n, 0);
-    Block<float> owned(n, 3), expected(n, 0), owned_in_place(n, 1);
-    std::memcpy(owned.data(), local, 4 * n);
-    std::memcpy(owned_in_place.data(), local, 4 * n);
-    std::memcpy(in_copy.data(), in_wire.data(), 2 * n);
-    psg_trunc16_decode_add_encode_decode(in_wire.data(), owned.data(), n, factor,
-                                         owner_wire.data());
-    psg_trunc16_decode_add_encode_decode(in_copy.data(), owned_in_place.data(), n, factor,
-                                         in_copy.data());
-    CHECK(std::memcmp(owner_wire.data(), composed.data(), 2 * n) == 0,
-          "%s: decode_add_encode_decode's wire differs from encode(decode + local)", what);
-    CHECK(std::memcmp(in_copy.data(), composed.data(), 2 * n) == 0,
-          "%s: decode_add_encode_decode in place differs", what);
-    psg_trunc16_decode_scaled(composed.data(), n, factor, expected.data());
-    for (std::size_t i = 0; i < n; ++i) {
-      CHECK(same_float(owned.data()[i], expected.data()[i]) &&
-                same_float(owned_in_place.data()[i], expected.data()[i]),
-            "%s[%zu]: decode_add_encode_decode(%g) differs from decode_scaled of its wire",
-            what, i, static_cast<double>(factor));
-    }
-  }
+  check_owner_hop(psg_trunc16_decode_add_encode_decode, psg_trunc16_decode_scaled,
+                  in_wire.data(), composed.data(), n, local, n, what);
 
   // Re-encoding in place (out_wire == in_wire) must give the same bytes.
   psg_trunc16_decode_add_encode(in_wire.data(), local, n, in_wire.data());
@@ -305,29 +313,8 @@ void check_quant8_fused(const float* in_values, const float* local, std::size_t 
     CHECK(same, "%s[%zu]: decode_add in place (out == local) differs", what, i);
   }
 
-  // The owner's hop: decode_add, encode, decode_scaled in one kernel; also in place.
-  for (float factor : {1.0f, 0.25f, 1.0f / 3.0f}) {
-    Block<unsigned char> owner_wire(bytes, 2), in_copy(bytes, 1);
-    Block<float> owned(n, 3), expected(n, 0), owned_in_place(n, 1);
-    std::memcpy(owned.data(), local, 4 * n);
-    std::memcpy(owned_in_place.data(), local, 4 * n);
-    std::memcpy(in_copy.data(), in_wire.data(), bytes);
-    psg_quant8_decode_add_encode_decode(in_wire.data(), owned.data(), n, factor,
-                                        owner_wire.data());
-    psg_quant8_decode_add_encode_decode(in_copy.data(), owned_in_place.data(), n, factor,
-                                        in_copy.data());
-    CHECK(std::memcmp(owner_wire.data(), composed.data(), bytes) == 0,
-          "%s: decode_add_encode_decode's wire differs from encode(decode + local)", what);
-    CHECK(std::memcmp(in_copy.data(), composed.data(), bytes) == 0,
-          "%s: decode_add_encode_decode in place differs", what);
-    psg_quant8_decode_scaled(composed.data(), n, factor, expected.data());
-    for (std::size_t i = 0; i < n; ++i) {
-      CHECK(same_float(owned.data()[i], expected.data()[i]) &&
-                same_float(owned_in_place.data()[i], expected.data()[i]),
-            "%s[%zu]: decode_add_encode_decode(%g) differs from decode_scaled of its wire",
-            what, i, static_cast<double>(factor));
-    }
-  }
+  check_owner_hop(psg_quant8_decode_add_encode_decode, psg_quant8_decode_scaled,
+                  in_wire.data(), composed.data(), bytes, local, n, what);
 
   // Requantising in place (out_wire == in_wire) must give the same bytes.
   psg_quant8_decode_add_encode(in_wire.data(), local, n, scratch.data(), in_wire.data());
