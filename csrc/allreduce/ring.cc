@@ -18,9 +18,8 @@
 // what arrives, add local values and recompress for the next hop; the owner
 // of a reduced chunk compresses it once, decompresses those same bytes for
 // itself (one fused kernel for the three), and allgather forwards the bytes
-// unchanged. Average divides once, at
-// the end: by the owner before allgather when uncompressed, by every rank
-// after decompressing the same bytes otherwise.
+// unchanged. Average divides once, at the end: by the owner before allgather
+// when uncompressed, by every rank after decompressing the same bytes otherwise.
 //
 // Mismatch detection: each rank sends a small header (sequence number, count,
 // dtype, op, compression) to its right neighbour alongside its first segments

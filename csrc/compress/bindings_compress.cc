@@ -62,6 +62,28 @@ std::size_t float_count(const py::array& a, const char* name) {
   return static_cast<std::size_t>(a.size());
 }
 
+// The owner's fused hop of a mode whose wire for n elements is wire_len(n) Wire elements:
+// out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor.
+template <typename Wire, typename Kernel>
+void bind_owner_hop(py::module_& m, const char* name, Kernel kernel,
+                    std::size_t (*wire_len)(std::size_t)) {
+  m.def(
+      name,
+      [kernel, wire_len](const py::array& in_wire, const py::array& local, float factor,
+                         const py::array& out_wire) {
+        std::size_t n = float_count(local, "local");
+        const Wire* pi = checked_data<Wire>(in_wire, wire_len(n), "in_wire", false);
+        float* pl = checked_data<float>(local, n, "local", true);
+        Wire* po = checked_data<Wire>(out_wire, wire_len(n), "out_wire", true);
+        check_disjoint(local, "local", in_wire, "in_wire");
+        check_disjoint(local, "local", out_wire, "out_wire");
+        py::gil_scoped_release release;
+        kernel(pi, pl, n, factor, po);
+      },
+      py::arg("in_wire"), py::arg("local"), py::arg("factor"), py::arg("out_wire"),
+      "out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor");
+}
+
 void bind_trunc16(py::module_& m) {
   m.def("trunc16_wire_bytes", &psg_trunc16_wire_bytes, py::arg("n"));
   m.def(
@@ -108,21 +130,9 @@ void bind_trunc16(py::module_& m) {
       },
       py::arg("in_wire"), py::arg("local"), py::arg("out"),
       "out = decode(in_wire) + local (out may be local)");
-  m.def(
-      "trunc16_decode_add_encode_decode",
-      [](const py::array& in_wire, const py::array& local, float factor,
-         const py::array& out_wire) {
-        std::size_t n = float_count(local, "local");
-        const auto* pi = checked_data<std::uint16_t>(in_wire, n, "in_wire", false);
-        float* pl = checked_data<float>(local, n, "local", true);
-        auto* po = checked_data<std::uint16_t>(out_wire, n, "out_wire", true);
-        check_disjoint(local, "local", in_wire, "in_wire");
-        check_disjoint(local, "local", out_wire, "out_wire");
-        py::gil_scoped_release release;
-        psg_trunc16_decode_add_encode_decode(pi, pl, n, factor, po);
-      },
-      py::arg("in_wire"), py::arg("local"), py::arg("factor"), py::arg("out_wire"),
-      "out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor");
+  bind_owner_hop<std::uint16_t>(m, "trunc16_decode_add_encode_decode",
+                                psg_trunc16_decode_add_encode_decode,
+                                [](std::size_t n) { return n; });
 }
 
 void bind_quant8(py::module_& m) {
@@ -175,22 +185,8 @@ void bind_quant8(py::module_& m) {
       },
       py::arg("in_wire"), py::arg("local"), py::arg("out"),
       "out = decode(in_wire) + local (out may be local)");
-  m.def(
-      "quant8_decode_add_encode_decode",
-      [](const py::array& in_wire, const py::array& local, float factor,
-         const py::array& out_wire) {
-        std::size_t n = float_count(local, "local");
-        std::size_t bytes = psg_quant8_wire_bytes(n);
-        const auto* pi = checked_data<std::uint8_t>(in_wire, bytes, "in_wire", false);
-        float* pl = checked_data<float>(local, n, "local", true);
-        auto* po = checked_data<std::uint8_t>(out_wire, bytes, "out_wire", true);
-        check_disjoint(local, "local", in_wire, "in_wire");
-        check_disjoint(local, "local", out_wire, "out_wire");
-        py::gil_scoped_release release;
-        psg_quant8_decode_add_encode_decode(pi, pl, n, factor, po);
-      },
-      py::arg("in_wire"), py::arg("local"), py::arg("factor"), py::arg("out_wire"),
-      "out_wire = encode(decode(in_wire) + local); local = decode(out_wire) * factor");
+  bind_owner_hop<std::uint8_t>(m, "quant8_decode_add_encode_decode",
+                               psg_quant8_decode_add_encode_decode, psg_quant8_wire_bytes);
 }
 
 }  // namespace
