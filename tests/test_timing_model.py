@@ -286,6 +286,23 @@ def test_choose_prefers_no_compression_when_kernels_cost_more_than_they_save():
     assert best.config.compression == "none"
 
 
+def test_choose_a_tie_won_by_the_burst_goes_to_the_pipelined_configuration():
+    # 0.3 ms of compute, a 6 ms ring, a bucket larger than the compute refills: D-Sync's
+    # burst saves exactly the compute, so it ties Pipe-SGD; the burst is an upper bound.
+    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    nw = net(burst_bytes=1e6)
+    by = {r.config: r for r in choose(pr, nw, 4)}
+    dsync, pipe = by[Config(1, "none", "sequential")], by[Config(2, "none", "sequential")]
+    assert dsync.predicted_s == pytest.approx(pipe.predicted_s)
+    assert dsync.details["burst_saving_s"] == pytest.approx(3e-4)
+    best = choose(pr, nw, 4, configs=[dsync.config, pipe.config])
+    assert best[0].config == pipe.config
+    # without a burst, D-Sync is slower outright; with no communication at all (p = 1)
+    # the tie goes to the lower staleness as before
+    assert choose(pr, net(), 4, configs=[dsync.config, pipe.config])[0].config == pipe.config
+    assert choose(pr, nw, 1, configs=[pipe.config, dsync.config])[0].config == dsync.config
+
+
 def test_prediction_json_fields():
     d = predict(prof(), net(), 2).to_dict()
     for key in ("staleness", "compression", "overlap", "predicted_s", "breakdown"):
