@@ -106,8 +106,9 @@ def worker(model_name: str, batch_size: int, out: str) -> None:
         opt.remove_hooks()
         # the slowest rank sets the pace
         med = comm.allreduce(statistics.median(times), op=MPI.MAX)
+        # rank 0's iterations in the order they ran, to tell a slow spell from the model
         results.append({"staleness": cfg.staleness, "compression": cfg.compression,
-                        "overlap": cfg.overlap, "measured_s": med})
+                        "overlap": cfg.overlap, "measured_s": med, "rank0_iterations_s": times})
     engine.shutdown()
     if rank == 0:
         prof = median_profile(profiles)

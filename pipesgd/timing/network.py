@@ -430,38 +430,21 @@ def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 409
     return max(0.0, float(statistics.median(comm.allgather(extra)))) / steps
 
 
-def _engine_costs(comm: Any, sizes: tuple[int, int], repeats: int, gamma: float,
+def _engine_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int, gamma: float,
                   ranks_on_node: int) -> tuple[float, float]:
-    """(β_cpu, load latency), both measured on one engine (collective).
+    """(β_cpu, load latency), both measured on `engine` (collective).
 
     β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
     outnumber the cores, what communication takes from compute, if that is more. Load
     latency (`_engine_load_latency`): only where cores are shared, else 0."""
-    from pipesgd.engine import Engine
-
-    engine = Engine(comm)
     load_latency = 0.0
-    try:
-        beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
-        cores = _default_cores()
-        if 2 * ranks_on_node > cores:
-            beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
-                comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
-            load_latency = _engine_load_latency(comm, engine, 4 * repeats)
-    finally:
-        engine.shutdown()
+    beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
+    cores = _default_cores()
+    if 2 * ranks_on_node > cores:
+        beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
+            comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
+        load_latency = _engine_load_latency(comm, engine, 4 * repeats)
     return float(statistics.median(comm.allgather(beta_cpu))), load_latency
-
-
-def _engine_segment_bytes(comm: Any) -> int:
-    """The ring segment the engine picks for this communicator's transport (collective)."""
-    from pipesgd.engine import Engine
-
-    engine = Engine(comm)
-    try:
-        return engine.segment_bytes
-    finally:
-        engine.shutdown()
 
 
 def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> None:
@@ -471,6 +454,32 @@ def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> N
     requests = [comm.Irecv(piece, source=left, tag=3) for piece in _segments(recv, segment)]
     requests += [comm.Isend(piece, dest=right, tag=3) for piece in _segments(send, segment)]
     _wait(requests, polite)
+
+
+def _measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
+                  polite: bool) -> tuple[float, float]:
+    """β and its spread: the slope of the slowest rank's ring step between two sizes
+    (collective)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    step_times: dict[int, list[float]] = {}
+    for m in sizes:
+        send = np.ones(m, dtype=np.uint8)
+        recv = np.empty(m, dtype=np.uint8)
+        walls = []
+        for i in range(repeats + 3):
+            comm.Barrier()
+            start = time.perf_counter()
+            _ring_step(comm, send, recv, segment, polite)
+            slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            if i >= 3:
+                walls.append(slowest)
+        step_times[m] = walls
+    small, large = sizes
+    t_small, _ = _median_spread(step_times[small])
+    t_large, spread = _median_spread(step_times[large])
+    return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
 def measure_network(
@@ -517,6 +526,8 @@ def measure_network(
     import numpy as np
     from mpi4py import MPI
 
+    from pipesgd.engine import Engine
+
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     spread: dict[str, float] = {}
@@ -539,53 +550,45 @@ def measure_network(
                 samples.append(round_trip / 2)
         alpha, spread["alpha"] = _median_spread(comm.bcast(samples, root=0))
 
-    # beta, beta_cpu: a ring step at two sizes
-    beta = beta_cpu = burst = load_latency = 0.0
-    if size > 1:
-        segment = _engine_segment_bytes(comm)
-        step_times: dict[int, list[float]] = {}
-        for m in large_bytes:
-            send = np.ones(m, dtype=np.uint8)
-            recv = np.empty(m, dtype=np.uint8)
-            walls = []
-            for i in range(repeats + 3):
-                comm.Barrier()
-                start = time.perf_counter()
-                _ring_step(comm, send, recv, segment, oversubscribed)
-                slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-                if i >= 3:
-                    walls.append(slowest)
-            step_times[m] = walls
-        small, large = large_bytes
-        t_small, _ = _median_spread(step_times[small])
-        t_large, spread["beta"] = _median_spread(step_times[large])
-        beta = max(t_large - t_small, 1e-15) / (large - small)
-        burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
-                                                max(12, repeats // 2), segment, oversubscribed)
+    # One engine for the whole measurement: its segment size shapes the probes; its comm
+    # thread sleeps until the engine's own costs are timed, last.
+    engine = Engine(comm) if size > 1 else None
+    try:
+        # beta, beta_cpu: a ring step at two sizes
+        beta = beta_cpu = burst = load_latency = 0.0
+        if size > 1:
+            segment = engine.segment_bytes
+            beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
+                                                 oversubscribed)
+            burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
+                                                    max(12, repeats // 2), segment, oversubscribed)
 
-    # S: barrier
-    samples = []
-    for _ in range(repeats * 5 + 10):
-        start = time.perf_counter()
-        comm.Barrier()
-        samples.append(time.perf_counter() - start)
-    sync_local = statistics.median(samples[10:])
-    sync = statistics.median(comm.allgather(sync_local)) if size > 1 else 0.0
+        # S: barrier
+        samples = []
+        for _ in range(repeats * 5 + 10):
+            start = time.perf_counter()
+            comm.Barrier()
+            samples.append(time.perf_counter() - start)
+        sync_local = statistics.median(samples[10:])
+        sync = statistics.median(comm.allgather(sync_local)) if size > 1 else 0.0
 
-    # gamma, copy, kernels: on one core of an otherwise idle host. Only rank 0 measures;
-    # the others wait without spinning (an MPI barrier busy-polls and would take the
-    # cores that ranks share).
-    if rank == 0:
-        gamma, copy, kernels, kernel_spread = measure_kernels(kernel_bytes, repeats)
-    _idle_barrier(comm)
-    gamma, copy, kernels, kernel_spread = comm.bcast(
-        (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
-    )
-    spread.update(kernel_spread)
-    if size > 1:
-        beta_cpu, load_latency = _engine_costs(comm, large_bytes, min(repeats, 5), gamma,
-                                               max_on_node)
-        beta_cpu = min(beta_cpu, beta)
+        # gamma, copy, kernels: on one core of an otherwise idle host. Only rank 0 measures;
+        # the others wait without spinning (an MPI barrier busy-polls and would take the
+        # cores that ranks share).
+        if rank == 0:
+            gamma, copy, kernels, kernel_spread = measure_kernels(kernel_bytes, repeats)
+        _idle_barrier(comm)
+        gamma, copy, kernels, kernel_spread = comm.bcast(
+            (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
+        )
+        spread.update(kernel_spread)
+        if size > 1:
+            beta_cpu, load_latency = _engine_costs(comm, engine, large_bytes, min(repeats, 5),
+                                                   gamma, max_on_node)
+            beta_cpu = min(beta_cpu, beta)
+    finally:
+        if engine is not None:
+            engine.shutdown()
     if size == 1:
         beta = copy
         source = "measured on 1 rank: alpha, S not measurable, beta = memcpy"

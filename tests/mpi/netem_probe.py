@@ -66,12 +66,15 @@ def main() -> int:
     if pattern == "fail":
         return 3
     if pattern == "burst":
-        from pipesgd.timing.network import _engine_segment_bytes, _measure_burst
+        import pipesgd
+        from pipesgd.timing.network import _measure_burst
 
         # as measure_network runs it: the engine's segments, polite waits on shared cores
+        engine = pipesgd.Engine(comm)
         burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12,
-                                  segment=_engine_segment_bytes(comm),
+                                  segment=engine.segment_bytes,
                                   polite=size > (os.cpu_count() or 1))
+        engine.shutdown()
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
         return 0
