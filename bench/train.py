@@ -64,6 +64,7 @@ class Recipe:
     momentum: float = 0.0
     lr_schedule: str = "constant"
     warmup_steps: int = 0  # Pipe-SGD only: the first iterations run with K = 1
+    channels_last: bool = False  # NHWC layout (every configuration, DDP included)
 
 
 # Long enough for every configuration to reach its plateau on digits, so the accuracy
@@ -73,7 +74,7 @@ RECIPE_RANKS = 2
 RECIPES = {
     "mlp": Recipe(epochs=30, batch_size=64, optimizer="sgd", lr=0.05, momentum=0.9),
     "cnn": Recipe(epochs=15, batch_size=32, optimizer="sgd", lr=0.01, momentum=0.9,
-                  lr_schedule="cosine", warmup_steps=44),
+                  lr_schedule="cosine", warmup_steps=44, channels_last=True),
 }
 
 
@@ -255,6 +256,8 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="pipesgd bucket size")
     ap.add_argument("--ddp-bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
+    ap.add_argument("--nchw", action="store_true",
+                    help="run the CNN in the default NCHW layout instead of channels_last")
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",")]
     unknown = [c for c in configs if c not in CONFIGS]
@@ -291,6 +294,7 @@ def main() -> int:
                 staleness=staleness,
                 compression=compression,
                 bucket_mb=args.bucket_mb,
+                channels_last=recipe.channels_last and not args.nchw,
                 name=name,
             )
             comm.Barrier()

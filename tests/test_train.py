@@ -21,6 +21,8 @@ def test_options_reach_the_config() -> None:
     assert (config.model, config.steps, config.staleness, config.compression) == (
         "cnn", 7, 3, "quant8")
     assert (config.warmup_steps, config.overlap, config.optimizer) == (4, "backward", "adam")
+    assert not config.channels_last and cli.config_from_args(
+        parse("--model", "cnn", "--channels-last")).channels_last
 
 
 def test_epochs_and_steps_exclude_each_other() -> None:

@@ -47,3 +47,19 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
     train(2, *common, "--checkpoint", str(split), "--resume", "--json", str(summary))
     assert json.loads(summary.read_text())["iterations"] == 10  # continued, not restarted
     run_mpi(1, "train_resume_check.py", str(straight), str(split), timeout=60)
+
+
+def test_cnn_channels_last_trains_like_nchw(tmp_path: Path) -> None:
+    # same data, weights and updates, another memory layout: oneDNN's NHWC convolutions
+    # sum in another order, so parameters agree to float32 rounding, not bitwise
+    common = ("--model", "cnn", "--steps", "4", "--batch-size", "8", "--lr", "0.01")
+    nchw, nhwc = tmp_path / "nchw", tmp_path / "nhwc"
+    train(2, *common, "--checkpoint", str(nchw))
+    train(2, *common, "--channels-last", "--checkpoint", str(nhwc))
+    run_mpi(1, "train_resume_check.py", str(nchw), str(nhwc), "2e-5", timeout=60)
+
+
+def test_channels_last_needs_image_inputs() -> None:
+    out = run_mpi(1, PIPESGD, "train", "--quiet", "--model", "mlp", "--channels-last",
+                  "--steps", "1", python=False, timeout=60, expect_success=False).stdout
+    assert "channels_last needs image inputs" in out, out
