@@ -34,11 +34,15 @@ class BucketSlot:
         param: index of the parameter in the list the layout was built from.
         offset: first element of the gradient in the bucket's flat buffer.
         numel: number of elements.
+        strides: strides of the gradient's view into the buffer: the parameter's own
+            when its elements are dense in some order (contiguous, channels_last), so
+            backward accumulates into the view without a layout change; else row-major.
     """
 
     param: int
     offset: int
     numel: int
+    strides: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class BucketLayout:
             p = params[index]
             slots = open_.setdefault(p.dtype, [])
             offset = sizes.get(p.dtype, 0)
-            slots.append(BucketSlot(index, offset, p.numel()))
+            slots.append(BucketSlot(index, offset, p.numel(), dense_strides(p)))
             sizes[p.dtype] = offset + p.numel()
             if sizes[p.dtype] * p.element_size() >= bucket_bytes:
                 close(p.dtype)
@@ -99,7 +103,7 @@ class BucketLayout:
         return cls(tuple(buckets), tuple(bucket_of))
 
     def describe(self) -> str:
-        """A short text that differs whenever two layouts differ (for error messages)."""
+        """A short text for error messages (`digest` tells layouts apart)."""
         return ", ".join(
             f"[{str(b.dtype).removeprefix('torch.')} x{b.numel}: {len(b.slots)} tensors]"
             for b in self.buckets
@@ -107,7 +111,7 @@ class BucketLayout:
 
     def digest(self) -> str:
         text = ";".join(
-            f"{b.dtype}:" + ",".join(f"{s.param}@{s.offset}+{s.numel}" for s in b.slots)
+            f"{b.dtype}:" + ",".join(f"{s.param}@{s.offset}+{s.numel}/{s.strides}" for s in b.slots)
             for b in self.buckets
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -148,7 +152,8 @@ class GradientBuckets:
         """(parameter index, view of its gradient's place in the flat buffer) pairs."""
         flat = self.buffers[set_index][bucket]
         return [
-            (s.param, flat[s.offset : s.offset + s.numel].view(self.params[s.param].shape))
+            (s.param, flat[s.offset : s.offset + s.numel].as_strided(
+                self.params[s.param].shape, s.strides))
             for s in self.layout.buckets[bucket].slots
         ]
 
@@ -203,6 +208,25 @@ class GradientBuckets:
         return engine.allreduce_async(
             self.buffers[set_index][bucket], op=op, compression=compression
         )
+
+
+def dense_strides(tensor: Tensor) -> tuple[int, ...]:
+    """`tensor`'s strides if its elements fill numel() consecutive places in some dimension
+    order (contiguous, channels_last, a transpose), else the row-major strides of its shape.
+    """
+    expected, dense = 1, True
+    for dim in sorted(range(tensor.dim()), key=lambda d: (tensor.stride(d), tensor.size(d))):
+        if tensor.size(dim) != 1 and tensor.stride(dim) != expected:
+            dense = False
+            break
+        expected *= tensor.size(dim)
+    if dense:
+        return tuple(tensor.stride())
+    row_major, step = [], 1
+    for size in reversed(tensor.shape):
+        row_major.append(step)
+        step *= size
+    return tuple(reversed(row_major))
 
 
 def is_view(tensor: Tensor, view: Tensor) -> bool:

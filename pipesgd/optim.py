@@ -31,7 +31,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
-from pipesgd.buckets import GradientBuckets, is_view
+from pipesgd.buckets import GradientBuckets, dense_strides, is_view
 from pipesgd.buffers import COMPRESSIONS
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
@@ -359,7 +359,7 @@ class DistributedOptimizer:
     def _describe(self) -> dict[str, Any]:
         return {
             "params": [
-                (n, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+                (n, tuple(p.shape), str(p.dtype).removeprefix("torch."), dense_strides(p))
                 for n, p in zip(self.names, self.params, strict=True)
             ],
             "config": {
@@ -552,8 +552,9 @@ def _check_across_ranks(comm: MPI.Comm, description: dict[str, Any]) -> None:
     )
 
 
-def _fmt(entry: tuple[str, tuple[int, ...], str] | None) -> str:
+def _fmt(entry: tuple[str, tuple[int, ...], str, tuple[int, ...]] | None) -> str:
     if entry is None:
         return "no such parameter"
-    name, shape, dtype = entry
-    return f"{name!r} of shape {shape} and dtype {dtype}"
+    name, shape, dtype, strides = entry
+    # strides tell memory layouts apart (contiguous vs channels_last): they order the bucket
+    return f"{name!r} of shape {shape}, dtype {dtype} and strides {strides}"

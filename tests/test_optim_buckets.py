@@ -1,10 +1,12 @@
 """Bucket layouts and the pack / submit / unpack round trip (p = 1)."""
 
+import warnings
+
 import pytest
 import torch
 
 import pipesgd
-from pipesgd.buckets import BucketLayout, GradientBuckets
+from pipesgd.buckets import BucketLayout, GradientBuckets, dense_strides
 
 
 def tensors(*shapes, dtype=torch.float32):
@@ -56,3 +58,36 @@ def test_pack_submit_unpack_round_trip() -> None:
     params[0].grad = None
     assert buckets.missing_grads() == [0]
     engine.shutdown()
+
+
+def test_dense_strides() -> None:
+    t = torch.zeros(2, 3, 4, 5)
+    assert dense_strides(t) == (60, 20, 5, 1)
+    nhwc = t.contiguous(memory_format=torch.channels_last)
+    assert dense_strides(nhwc) == nhwc.stride() == (60, 1, 15, 3)
+    assert dense_strides(t.transpose(0, 3)) == (1, 20, 5, 60)
+    assert dense_strides(t[:, :, ::2]) == (30, 10, 5, 1)  # holes: row-major of its shape
+    assert dense_strides(torch.zeros(())) == ()
+
+
+def test_views_follow_a_channels_last_parameter() -> None:
+    # backward accumulates into a view laid out like the parameter: no copy, no warning
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    plain = torch.nn.Conv2d(3, 4, 3)
+    plain.load_state_dict(conv.state_dict())
+    params = list(conv.parameters())
+    buckets = GradientBuckets(params, bucket_bytes=1 << 20)
+    views = buckets.param_views(0)
+    assert views[0].stride() == params[0].stride() == (27, 1, 9, 3)
+    for p, v in zip(params, views, strict=True):
+        p.grad = v
+    x = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "grad and param do not obey the gradient layout"
+        conv(x.contiguous(memory_format=torch.channels_last)).square().sum().backward()
+    plain(x).square().sum().backward()
+    assert all(p.grad.data_ptr() == v.data_ptr() for p, v in zip(params, views, strict=True))
+    for p, q in zip(params, plain.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    contiguous = BucketLayout.build(list(plain.parameters()), 1 << 20)
+    assert buckets.layout.digest() != contiguous.digest()

@@ -51,6 +51,15 @@ expect(lambda: wrap(model(), staleness=3 if comm.rank == LAST else 2),
        "staleness differs", f"rank {LAST} uses 3")
 expect(lambda: wrap(model(), compression="quant8" if comm.rank == LAST else "none"),
        "compression differs")
+# Memory layout differs (the strides order the bucket): channels_last on the last rank.
+def conv(channels_last: bool) -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3))
+    return m.to(memory_format=torch.channels_last) if channels_last else m
+
+
+expect(lambda: wrap(conv(comm.rank == LAST)),
+       "parameter #0 '0.weight'", f"rank {LAST}", "strides (27, 1, 9, 3)", "(27, 9, 3, 1)")
 # Bucket layout differs.
 expect(lambda: wrap(model(), bucket_mb=1e-4 if comm.rank == LAST else 25),
        "bucket layout mismatch", "bucket_mb")
