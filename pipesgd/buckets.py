@@ -212,21 +212,9 @@ class GradientBuckets:
 
 def dense_strides(tensor: Tensor) -> tuple[int, ...]:
     """`tensor`'s strides if its elements fill numel() consecutive places in some dimension
-    order (contiguous, channels_last, a transpose), else the row-major strides of its shape.
-    """
-    expected, dense = 1, True
-    for dim in sorted(range(tensor.dim()), key=lambda d: (tensor.stride(d), tensor.size(d))):
-        if tensor.size(dim) != 1 and tensor.stride(dim) != expected:
-            dense = False
-            break
-        expected *= tensor.size(dim)
-    if dense:
-        return tuple(tensor.stride())
-    row_major, step = [], 1
-    for size in reversed(tensor.shape):
-        row_major.append(step)
-        step *= size
-    return tuple(reversed(row_major))
+    order (contiguous, channels_last, a transpose), else the row-major strides of its shape:
+    torch's `preserve_format` rule, read off a tensor on the meta device (no memory)."""
+    return tuple(torch.empty_like(tensor, device="meta").stride())
 
 
 def is_view(tensor: Tensor, view: Tensor) -> bool:

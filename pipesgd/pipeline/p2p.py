@@ -15,8 +15,6 @@ the receiving stage tries its layers on it and answers. A mismatch raises
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +22,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 from torch import Tensor
+
+from pipesgd.polling import Polling, wait_politely
 
 from .plan import Plan
 from .schedule import Action
@@ -42,47 +42,6 @@ DTYPES: dict[torch.dtype, int] = {
     torch.int32: 5,
 }
 CODES = {v: k for k, v in DTYPES.items()}
-
-
-def _env_seconds(name: str, default_us: float) -> float:
-    try:
-        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number of microseconds, got "
-                         f"{os.environ[name]!r}") from exc
-
-
-@dataclass(frozen=True)
-class Polling:
-    """How long a wait tests without pause, then how long it sleeps between tests."""
-
-    spin_s: float
-    poll_s: float
-
-    @classmethod
-    def from_env(cls) -> Polling:
-        """PIPESGD_SPIN_US (default 100 µs) and PIPESGD_POLL_US (50 µs), as the engine reads.
-
-        Raises:
-            ValueError: a variable is not a number (the message names it).
-        """
-        return cls(_env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50))
-
-
-def wait_politely(request: MPI.Request, polling: Polling | None = None) -> None:
-    """Wait for `request` as the engine's comm thread does on shared memory: test without
-    pause for `polling.spin_s`, then test and sleep `polling.poll_s` (None: from the
-    environment).
-
-    MPI's own Wait spins, which takes a core from the ranks that compute when stages share
-    cores (more stages than cores, or a stage beside its replica's comm thread).
-    """
-    polling = Polling.from_env() if polling is None else polling
-    spin, poll = polling.spin_s, polling.poll_s
-    deadline = time.perf_counter() + spin
-    while not request.Test():
-        if time.perf_counter() > deadline:
-            time.sleep(poll)
 
 
 class StageMismatchError(RuntimeError):

@@ -244,20 +244,21 @@ def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
         time.sleep(poll_s)
 
 
-_POLITE_POLL_S = 50e-6
+_POLITE_POLL_S = 50e-6  # the engine's PIPESGD_POLL_US default
 
 
 def _wait(requests: list[Any], polite: bool) -> None:
-    """Wait for every request; politely (test, then sleep) where ranks share cores: MPI's
-    Waitall busy-polls, and a rank spinning there takes the core from the ranks whose
-    transfers it waits for (over TCP, Open MPI moves data only inside MPI calls)."""
+    """Wait for every request; politely (test, then sleep) where ranks share cores, since
+    a rank spinning in MPI's Waitall takes the core from the ranks whose transfers it
+    waits for."""
     from mpi4py import MPI
 
-    if not polite:
+    from pipesgd.polling import Polling, wait_politely
+
+    if polite:
+        wait_politely(requests, Polling(spin_s=0.0, poll_s=_POLITE_POLL_S))
+    else:
         MPI.Request.Waitall(requests)
-        return
-    while not MPI.Request.Testall(requests):
-        time.sleep(_POLITE_POLL_S)
 
 
 def _segments(buf: Any, segment: int) -> list[Any]:

@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -212,6 +212,9 @@ def run(
             raise ValueError(f"channels_last needs image inputs (channels, height, width); "
                              f"the {config.model} on {config.data} takes {dataset.input_shape}")
         model = model.to(memory_format=torch.channels_last)
+        # once, not per batch: indexing keeps the layout
+        dataset = replace(dataset, train_x=dataset.train_x.contiguous(
+            memory_format=torch.channels_last))
     broadcast_parameters(model, root=0, comm=comm)
     inner = build_optimizer(config, model)
     module, sync = synchronizer(model, inner, config)
@@ -250,8 +253,6 @@ def run(
         begin = time.perf_counter()
         idx = batches.indices(epoch, step)
         x, y = dataset.train_x[idx], dataset.train_y[idx]
-        if config.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
         for group in inner.param_groups:
             group["lr"] = config.lr * lr_factor(config.lr_schedule, it, total)
         sync.zero_grad()

@@ -1,0 +1,64 @@
+"""Waiting for MPI requests without taking a core from the ranks that compute.
+
+MPI's own Wait spins, which takes a core from the ranks that compute when ranks share
+cores; over TCP, Open MPI moves data only inside MPI calls, so a spinning rank also
+holds up the peers whose transfers it waits for. These waits test, then sleep, as the
+engine's comm thread does (csrc/comm_context.h). Used by the pipeline's point-to-point
+exchange and by the network measurements of `pipesgd.timing`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+
+def _env_seconds(name: str, default_us: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number of microseconds, got "
+                         f"{os.environ[name]!r}") from exc
+
+
+@dataclass(frozen=True)
+class Polling:
+    """How long a wait tests without pause, then how long it sleeps between tests."""
+
+    spin_s: float
+    poll_s: float
+
+    @classmethod
+    def from_env(cls) -> Polling:
+        """PIPESGD_SPIN_US (default 100 µs) and PIPESGD_POLL_US (50 µs), as the engine reads.
+
+        Raises:
+            ValueError: a variable is not a number (the message names it).
+        """
+        return cls(_env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50))
+
+
+def wait_politely(requests: MPI.Request | Sequence[MPI.Request],
+                  polling: Polling | None = None) -> None:
+    """Wait for one request, or all of a list, as the engine's comm thread does on shared
+    memory: test without pause for `polling.spin_s`, then test and sleep `polling.poll_s`
+    (None: from the environment).
+    """
+    polling = Polling.from_env() if polling is None else polling
+    if isinstance(requests, MPI.Request):
+        test = requests.Test
+    else:
+        pending = list(requests)
+
+        def test() -> bool:
+            return MPI.Request.Testall(pending)
+
+    spin, poll = polling.spin_s, polling.poll_s
+    deadline = time.perf_counter() + spin
+    while not test():
+        if time.perf_counter() > deadline:
+            time.sleep(poll)
