@@ -103,6 +103,26 @@ def test_cosine_schedule_decays_from_base_to_zero() -> None:
     assert cli.config_from_args(parse("--lr-schedule", "cosine")).lr_schedule == "cosine"
 
 
+def test_lr_warmup_ramps_linearly_then_runs_the_schedule_over_the_rest() -> None:
+    import math
+
+    total, warmup = 40, 8
+    ramp = [loop.lr_factor("cosine", i, total, warmup) for i in range(warmup)]
+    assert ramp == pytest.approx([(i + 1) / warmup for i in range(warmup)])
+    # after the ramp, cosine runs from 1 to 0 over the 32 iterations left
+    assert loop.lr_factor("cosine", warmup, total, warmup) == 1.0
+    assert loop.lr_factor("cosine", warmup + 16, total, warmup) == pytest.approx(0.5)
+    assert loop.lr_factor("cosine", warmup + 8, total, warmup) == pytest.approx(
+        (1 + math.cos(math.pi / 4)) / 2)
+    assert abs(loop.lr_factor("cosine", total, total, warmup)) < 1e-12
+    assert loop.lr_factor("constant", 3, total, warmup) == 0.5
+    assert loop.lr_factor("constant", warmup, total, warmup) == 1.0
+    config = cli.config_from_args(parse("--lr-warmup-steps", "12"))
+    assert config.lr_warmup_steps == 12
+    with pytest.raises(ValueError, match="lr warm-up must be >= 0 iterations, got -1"):
+        loop.lr_factor("constant", 0, total, -1)
+
+
 def test_unknown_schedule_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown lr schedule 'step'"):
         loop.lr_factor("step", 0, 10)

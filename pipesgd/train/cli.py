@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                         help="cosine decays the learning rate to 0 over the run")
+    parser.add_argument("--lr-warmup-steps", type=int, default=0, metavar="N",
+                        help="ramp the learning rate linearly up over the first N iterations")
     parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -74,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         model=args.model, data=args.data, epochs=args.epochs, steps=args.steps,
         batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
         weight_decay=args.weight_decay, optimizer=args.optimizer,
-        lr_schedule=args.lr_schedule, staleness=args.staleness,
+        lr_schedule=args.lr_schedule, lr_warmup_steps=args.lr_warmup_steps,
+        staleness=args.staleness,
         compression=args.compression, warmup_steps=args.warmup_steps, overlap=args.overlap,
         bucket_mb=args.bucket_mb, channels_last=args.channels_last, seed=args.seed,
         checkpoint=args.checkpoint, resume=args.resume,

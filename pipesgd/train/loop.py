@@ -45,6 +45,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     optimizer: str = "sgd"
     lr_schedule: str = "constant"
+    # linear ramp of the learning rate over the first iterations (Goyal et al.)
+    lr_warmup_steps: int = 0
     staleness: int = 2
     compression: str = "none"
     warmup_steps: int = 0
@@ -150,17 +152,24 @@ def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimi
 LR_SCHEDULES = ("constant", "cosine")
 
 
-def lr_factor(schedule: str, iteration: int, total: int) -> float:
+def lr_factor(schedule: str, iteration: int, total: int, warmup: int = 0) -> float:
     """Multiplier of the base learning rate at `iteration` of `total` (0-based).
 
-    "cosine" decays to 0 over the run; a small final learning rate also shrinks what a
-    stale gradient can do, so Pipe-SGD ends where synchronous training ends.
+    The first `warmup` iterations ramp linearly up to the base rate; the schedule then
+    runs over the iterations that remain. "cosine" decays to 0 by the end; a small final
+    learning rate also shrinks what a stale gradient can do, so Pipe-SGD ends where
+    synchronous training ends.
     """
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"unknown lr schedule {schedule!r}: expected one of {LR_SCHEDULES}")
+    if warmup < 0:
+        raise ValueError(f"lr warm-up must be >= 0 iterations, got {warmup}")
+    if iteration < warmup:
+        return (iteration + 1) / warmup
     if schedule == "constant":
         return 1.0
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * iteration / max(total, 1)))
-    raise ValueError(f"unknown lr schedule {schedule!r}: expected one of {LR_SCHEDULES}")
+    progress = (iteration - warmup) / max(total - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def evaluate(model: nn.Module, dataset: Dataset, comm: MPI.Comm,
@@ -223,7 +232,8 @@ def run(
     total = config.steps if config.steps is not None else config.epochs * per_epoch
     if total < 1:
         raise ValueError("nothing to train: give --epochs >= 1 or --steps >= 1")
-    lr_factor(config.lr_schedule, 0, total)  # reject an unknown schedule before training
+    # reject an unknown schedule or a negative warm-up before training
+    lr_factor(config.lr_schedule, 0, total, config.lr_warmup_steps)
 
     start_iteration, history, wall_offset = 0, [], 0.0
     ckpt = Path(config.checkpoint) / CHECKPOINT_FILE if config.checkpoint else None
@@ -254,7 +264,8 @@ def run(
         idx = batches.indices(epoch, step)
         x, y = dataset.train_x[idx], dataset.train_y[idx]
         for group in inner.param_groups:
-            group["lr"] = config.lr * lr_factor(config.lr_schedule, it, total)
+            group["lr"] = config.lr * lr_factor(config.lr_schedule, it, total,
+                                                config.lr_warmup_steps)
         sync.zero_grad()
         loss = F.cross_entropy(module(x), y)
         loss.backward()
