@@ -280,3 +280,29 @@ def test_gradients_outside_the_buckets_give_the_same_training(engine, style: str
     lent, other = train("lent"), train(style)
     for (name, a), b in zip(lent.named_parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+def _quadratic_distance(engine, staleness: int, momentum: float, step_times_curvature: float,
+                        steps: int = 500) -> float:
+    """|w| after `steps` of f(w) = h w^2 / 2 from w = 1, h = 1, lr = eta h."""
+    w = nn.Parameter(torch.ones(1, dtype=torch.float64))
+    inner = torch.optim.SGD([w], lr=step_times_curvature, momentum=momentum)
+    opt = DistributedOptimizer(inner, [("w", w)], staleness=staleness, engine=engine)
+    for _ in range(steps):
+        opt.zero_grad()
+        (0.5 * w.pow(2).sum()).backward()
+        opt.step()
+    opt.synchronize()
+    return abs(w.item())
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
+def test_staleness_two_is_stable_exactly_below_the_documented_bound(engine, momentum) -> None:
+    """README ("Hyper-parameters for K >= 2"): heavy ball applying the gradient of the
+    iteration before is stable iff eta h < 1 - momentum, where synchronous training
+    is stable up to eta h < 2 (1 + momentum)."""
+    bound = 1.0 - momentum
+    assert _quadratic_distance(engine, 2, momentum, 0.5 * bound) < 1e-3
+    assert _quadratic_distance(engine, 2, momentum, 1.2 * bound) > 10.0
+    # the same step is stable without the delay
+    assert _quadratic_distance(engine, 1, momentum, 1.2 * bound) < 1e-3

@@ -128,3 +128,15 @@ def test_unknown_schedule_is_rejected() -> None:
         loop.lr_factor("step", 0, 10)
     with pytest.raises(SystemExit):
         parse("--lr-schedule", "step")
+
+
+def test_nesterov_reaches_sgd_and_is_refused_elsewhere() -> None:
+    model = torch.nn.Linear(3, 2)
+    config = cli.config_from_args(parse("--momentum", "0.9", "--nesterov"))
+    sgd = loop.build_optimizer(config, model)
+    assert sgd.param_groups[0]["nesterov"] is True and sgd.param_groups[0]["momentum"] == 0.9
+    plain = loop.build_optimizer(cli.config_from_args(parse("--momentum", "0.9")), model)
+    assert plain.param_groups[0]["nesterov"] is False
+    with pytest.raises(ValueError, match="nesterov applies to SGD only, not to 'adam'"):
+        loop.build_optimizer(cli.config_from_args(parse("--optimizer", "adam", "--nesterov")),
+                             model)

@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-warmup-steps", type=int, default=0, metavar="N",
                         help="ramp the learning rate linearly up over the first N iterations")
     parser.add_argument("--momentum", type=float, default=0.5, help="SGD momentum")
+    parser.add_argument("--nesterov", action="store_true",
+                        help="Nesterov momentum (SGD); tolerates stale gradients better")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--staleness", type=int, default=2,
@@ -74,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     return TrainConfig(
         model=args.model, data=args.data, epochs=args.epochs, steps=args.steps,
-        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
+        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, nesterov=args.nesterov,
         weight_decay=args.weight_decay, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, lr_warmup_steps=args.lr_warmup_steps,
         staleness=args.staleness,

@@ -42,6 +42,7 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 0.1
     momentum: float = 0.5
+    nesterov: bool = False
     weight_decay: float = 0.0
     optimizer: str = "sgd"
     lr_schedule: str = "constant"
@@ -142,7 +143,9 @@ def build_model(name: str, dataset: Dataset, seed: int) -> nn.Module:
 def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                               weight_decay=config.weight_decay)
+                               nesterov=config.nesterov, weight_decay=config.weight_decay)
+    if config.nesterov:
+        raise ValueError(f"nesterov applies to SGD only, not to {config.optimizer!r}")
     if config.optimizer == "adam":
         return torch.optim.Adam(model.parameters(), lr=config.lr,
                                 weight_decay=config.weight_decay)
