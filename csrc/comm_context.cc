@@ -107,7 +107,7 @@ void CommContext::request_abort(const std::string& reason) {
   abort_requested_.store(true);
 }
 
-bool CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us) {
+int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us) {
   check_control(op);
   if (abort_requested_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
@@ -134,16 +134,18 @@ bool CommContext::poll_once(Operation& op, int peer, const char* phase, int slee
   }
   const auto now = std::chrono::steady_clock::now();
   if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) {
-    return false;
+    return 0;
   }
   sleep_for_us(sleep_us);
-  return true;
+  return std::max(sleep_us, 0);
 }
 
-void CommContext::completed(std::chrono::steady_clock::time_point wait_began, bool polled) {
-  const auto now = std::chrono::steady_clock::now();
-  if (polled) spinning_pays_ = now - wait_began <= std::chrono::microseconds(config_.spin_us);
-  last_progress_ = now;
+void CommContext::completed(std::chrono::steady_clock::time_point wait_began,
+                            std::chrono::steady_clock::time_point latest_done, bool polled) {
+  if (polled) {
+    spinning_pays_ = latest_done - wait_began <= std::chrono::microseconds(config_.spin_us);
+  }
+  last_progress_ = std::chrono::steady_clock::now();
 }
 
 template <typename Test>
@@ -152,11 +154,13 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
   op.waiting_on.store(peer);
   op.phase.store(phase);
   const auto began = std::chrono::steady_clock::now();
+  auto latest_done = began;  // the last failed test, plus the sleep asked for after it
   for (bool polled = false, slept = false;; polled = true) {
     int done = 0;
     test(&done);
     if (done) {
-      completed(began, polled && teaches_spin);
+      completed(began, polled ? latest_done : std::chrono::steady_clock::now(),
+                polled && teaches_spin);
       return;
     }
     // A header's wait lasts as long as the peer is late: it keeps polling at
@@ -164,7 +168,10 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
     if (slept && teaches_spin) {
       sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
     }
-    slept = poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us);
+    const auto missed = std::chrono::steady_clock::now();
+    const int asked_us = poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us);
+    slept = asked_us > 0;
+    latest_done = missed + std::chrono::microseconds(asked_us);
   }
 }
 

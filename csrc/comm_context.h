@@ -104,9 +104,14 @@ class CommContext {
 
  private:
   void post_control_receive();
-  // Checks for failures and stalls, then sleeps (returns true) unless spinning pays.
-  bool poll_once(Operation& op, int peer, const char* phase, int sleep_us);
-  void completed(std::chrono::steady_clock::time_point wait_began, bool polled);
+  // Checks for failures and stalls, then sleeps unless spinning pays; returns the
+  // microseconds it asked to sleep (0: it did not).
+  int poll_once(Operation& op, int peer, const char* phase, int sleep_us);
+  // `latest_done`: when the request had completed at the latest, not counting how far
+  // the last sleep overran (on a busy VM nanosleep(50 us) can take 200 us, and judging
+  // by the wall clock then taught "do not spin", which made the next sleeps overrun).
+  void completed(std::chrono::steady_clock::time_point wait_began,
+                 std::chrono::steady_clock::time_point latest_done, bool polled);
   // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
   template <typename Test>
   void poll_until(Test test, Operation& op, int peer, const char* phase, bool teaches_spin);

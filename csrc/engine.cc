@@ -41,10 +41,12 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes) : config_(read_env_conf
   }
   MPI_Comm dup = MPI_COMM_NULL;
   PSG_MPI_CHECK(MPI_Comm_dup(comm, &dup), -1);
+  // Collective: asked on every rank, whatever each rank's environment says.
+  const bool shared_memory = ring_neighbours_share_memory(dup);
   if (config_.segment_bytes == 0) {
-    config_.segment_bytes = ring_neighbours_share_memory(dup) ? kSharedMemorySegmentBytes
-                                                              : kNetworkSegmentBytes;
+    config_.segment_bytes = shared_memory ? kSharedMemorySegmentBytes : kNetworkSegmentBytes;
   }
+  if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
   ctx_ = std::make_unique<CommContext>(dup, config_);
   rank_ = ctx_->rank();
   size_ = ctx_->size();

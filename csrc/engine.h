@@ -44,6 +44,7 @@ class Engine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
+  int window() const { return config_.window; }
   bool is_shut_down() const { return shut_down_.load(); }
 
  private:

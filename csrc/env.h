@@ -10,7 +10,8 @@ struct EnvConfig {
   // reduction. 0: chosen per transport (see transport.h).
   std::size_t segment_bytes = 0;
   // Receives kept posted ahead of the one being reduced (2 = double buffering).
-  int window = 8;
+  // 0: chosen per transport (see transport.h).
+  int window = 0;
   // While MPI has work in flight the comm thread tests, then sleeps this long:
   // spinning in MPI_Wait* steals the compute thread's core when ranks share cores.
   int poll_us = 50;

@@ -16,6 +16,14 @@ namespace pipesgd {
 constexpr std::size_t kSharedMemorySegmentBytes = 256 * 1024;
 constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 
+// Receives posted ahead of the one being reduced. Over shared memory the receiver
+// itself copies each segment (CMA) whenever MPI progresses, so every posted receive
+// may land before its turn to be added: with 8 posted that is 2 MiB, more than a
+// core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (BENCHMARKS.md).
+// A network segment arrives at the link's pace, and more in flight keep it busy.
+constexpr int kSharedMemoryWindow = 2;
+constexpr int kNetworkWindow = 8;
+
 // True when this rank's ring neighbours are on its node and MPI may use shared
 // memory to reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network
 // emulator does). Collective over `comm`.

@@ -105,6 +105,11 @@ class Engine:
     def segment_bytes(self) -> int:
         return int(self._engine.segment_bytes)
 
+    @property
+    def window(self) -> int:
+        """Ring receives posted ahead of the one being reduced (PIPESGD_RING_WINDOW)."""
+        return int(self._engine.window)
+
     def allreduce_async(
         self, tensor: Any, op: str = "average", compression: str = "none"
     ) -> Handle:

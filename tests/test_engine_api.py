@@ -69,6 +69,28 @@ def test_segment_bytes_validated() -> None:
         pipesgd.Engine(segment_bytes=8)
 
 
+@pytest.mark.parametrize(
+    ("env", "segment_bytes", "window"),
+    [
+        ({}, 256 * 1024, 2),                                 # ring neighbours share memory
+        ({"OMPI_MCA_btl": "self,tcp"}, 60 * 1024, 8),        # MPI told to use the network
+        ({"OMPI_MCA_btl": "^sm", "PIPESGD_RING_WINDOW": "3"}, 60 * 1024, 3),
+        ({"PIPESGD_SEGMENT_BYTES": "4096"}, 4096, 2),
+    ],
+)
+def test_segment_and_window_follow_the_transport(monkeypatch, env, segment_bytes,
+                                                 window) -> None:
+    for name in ("OMPI_MCA_btl", "PIPESGD_RING_WINDOW", "PIPESGD_SEGMENT_BYTES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    e = pipesgd.Engine()
+    try:
+        assert (e.segment_bytes, e.window) == (segment_bytes, window)
+    finally:
+        e.shutdown()
+
+
 def test_default_engine_lifecycle() -> None:
     pipesgd.shutdown()
     with pytest.raises(pipesgd.PipesgdError, match=r"pipesgd.init\(\)"):
