@@ -9,6 +9,7 @@ a ring: whatever these curves show is the algorithm's, not the implementation's.
     python bench/stale_dynamics.py                                 # CNN, K = 1 and 2
     python bench/stale_dynamics.py --lr 0.002 --epochs 6           # a smaller step
     python bench/stale_dynamics.py --nesterov --staleness 1,2,3
+    python bench/stale_dynamics.py --batch-norm                    # BatchNorm after convs
 
 Prints test accuracy and training loss per epoch for each K and writes
 bench/results/stale_dynamics[_tag].json and .png.
@@ -28,6 +29,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, print_table, write_json
 
+from pipesgd.pipeline import models
 from pipesgd.train import loop
 from pipesgd.train.data import ShardedBatches, load
 
@@ -36,7 +38,11 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
     """Per-epoch test accuracy and mean training loss of one run."""
     torch.manual_seed(args.seed)
     dataset = load("digits", args.model)
-    model = loop.build_model(args.model, dataset, seed=args.seed)
+    if args.batch_norm:
+        model = models.cnn(dataset.num_classes, channels=dataset.input_shape[0],
+                           batch_norm=True).build(seed=args.seed)
+    else:
+        model = loop.build_model(args.model, dataset, seed=args.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=args.lr, momentum=args.momentum, nesterov=args.nesterov)
     shards = [ShardedBatches(len(dataset.train_x), args.batch_size, r, args.ranks, args.seed)
@@ -106,6 +112,8 @@ def main() -> int:
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--nesterov", action="store_true")
     ap.add_argument("--warmup-steps", type=int, default=44, help="first iterations with K = 1")
+    ap.add_argument("--batch-norm", action="store_true",
+                    help="the CNN with BatchNorm after each convolution")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
@@ -114,6 +122,8 @@ def main() -> int:
     ks = [int(k) for k in args.staleness.split(",")]
     if any(k < 1 for k in ks):
         ap.error("staleness values must be >= 1")
+    if args.batch_norm and args.model != "cnn":
+        ap.error("--batch-norm applies to the CNN only")
 
     runs: dict[int, list[dict[str, Any]]] = {}
     for k in ks:
