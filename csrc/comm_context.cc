@@ -26,8 +26,8 @@ void sleep_for_us(int us) {
 
 }  // namespace
 
-CommContext::CommContext(MPI_Comm comm, const EnvConfig& config)
-    : comm_(comm), config_(config), control_buf_(kControlBytes),
+CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory)
+    : comm_(comm), config_(config), shared_memory_(shared_memory), control_buf_(kControlBytes),
       sleep_us_(config.poll_us),
       max_sleep_us_(config.poll_us) {
   PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
@@ -142,10 +142,12 @@ int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep
 
 void CommContext::completed(std::chrono::steady_clock::time_point wait_began,
                             std::chrono::steady_clock::time_point latest_done, bool polled) {
+  const auto now = std::chrono::steady_clock::now();
   if (polled) {
-    spinning_pays_ = latest_done - wait_began <= std::chrono::microseconds(config_.spin_us);
+    const auto done = shared_memory_ ? latest_done : now;
+    spinning_pays_ = done - wait_began <= std::chrono::microseconds(config_.spin_us);
   }
-  last_progress_ = std::chrono::steady_clock::now();
+  last_progress_ = now;
 }
 
 template <typename Test>

@@ -47,7 +47,7 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes) : config_(read_env_conf
     config_.segment_bytes = shared_memory ? kSharedMemorySegmentBytes : kNetworkSegmentBytes;
   }
   if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
-  ctx_ = std::make_unique<CommContext>(dup, config_);
+  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory);
   rank_ = ctx_->rank();
   size_ = ctx_->size();
   thread_ = std::thread([this] { comm_thread_main(); });
