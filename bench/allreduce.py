@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="pipesgd compression modes (default: none; with --netem: all three)",
     )
+    ap.add_argument("--windows", metavar="W,W",
+                    help="also time one engine per ring window (e.g. 8,2), uncompressed, "
+                         "interleaved with the rest")
     ap.add_argument("--netem", metavar="RATE", help="run over emulated per-rank links (root)")
     ap.add_argument("--np", type=int, default=2, help="ranks, with --netem")
     ap.add_argument("--latency", default="0ms", help="added one-way latency, with --netem")
@@ -129,6 +132,8 @@ def run(args: argparse.Namespace) -> None:
     impls = args.impl.split(",")
     compressions = (args.compression or "none").split(",")
     engine = pipesgd.init()
+    windows = [int(w) for w in args.windows.split(",")] if args.windows else []
+    window_engines = {w: pipesgd.Engine(comm, window=w) for w in windows}
     dist = init_gloo(comm) if "gloo" in impls else None
     rate = link_rate_bps()
     rows, records = [], []
@@ -142,6 +147,8 @@ def run(args: argparse.Namespace) -> None:
             variants.append(
                 (label, lambda c=c, b=buf: engine.allreduce(b, op="sum", compression=c))
             )
+        for w, e in window_engines.items():
+            variants.append((f"pipesgd-w{w}", lambda e=e, b=buf: e.allreduce(b, op="sum")))
         if "mpi" in impls:
             variants.append(("mpi", lambda b=buf: comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)))
         if dist is not None:
@@ -196,6 +203,8 @@ def run(args: argparse.Namespace) -> None:
         )
         plot(records, p, path.with_suffix(".png"), where)
         print(f"wrote {path} and {path.with_suffix('.png')}")
+    for e in window_engines.values():
+        e.shutdown()
     engine.shutdown()
     if dist is not None:
         dist.destroy_process_group()

@@ -59,12 +59,12 @@ PYBIND11_MODULE(_C, m) {
                              [](const Operation& op) { return std::string(op.phase.load()); });
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](const py::object& comm, std::size_t segment_bytes) {
+      .def(py::init([](const py::object& comm, std::size_t segment_bytes, int window) {
              MPI_Comm c = communicator_from(comm);
              py::gil_scoped_release release;
-             return std::make_unique<Engine>(c, segment_bytes);
+             return std::make_unique<Engine>(c, segment_bytes, window);
            }),
-           py::arg("comm"), py::arg("segment_bytes") = 0)
+           py::arg("comm"), py::arg("segment_bytes") = 0, py::arg("window") = 0)
       .def(
           "allreduce",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,

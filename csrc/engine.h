@@ -26,8 +26,9 @@ namespace pipesgd {
 
 class Engine {
  public:
-  // Collective over `comm` (it is duplicated). segment_bytes == 0: from the environment.
-  Engine(MPI_Comm comm, std::size_t segment_bytes);
+  // Collective over `comm` (it is duplicated). segment_bytes or window == 0: from the
+  // environment, else chosen per transport.
+  Engine(MPI_Comm comm, std::size_t segment_bytes, int window = 0);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

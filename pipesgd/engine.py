@@ -80,15 +80,20 @@ class Engine:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
         segment_bytes: bytes per ring segment, the same on every rank (default
             `PIPESGD_SEGMENT_BYTES`, else 256 KiB on shared memory and 60 KiB over a network).
+        window: ring receives posted ahead of the one being reduced (default
+            `PIPESGD_RING_WINDOW`, else 2 on shared memory and 8 over a network).
     """
 
-    def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> None:
+    def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
+                 window: int | None = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise ValueError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
         if segment_bytes is not None and segment_bytes < 64:
             raise ValueError(f"segment_bytes must be at least 64, got {segment_bytes}")
-        self._engine = _C.Engine(comm, int(segment_bytes or 0))
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        self._engine = _C.Engine(comm, int(segment_bytes or 0), int(window or 0))
         self._inflight: dict[int, tuple[_C.Operation, BufferView]] = {}
         self._lock = threading.Lock()
         _live_engines.add(self)

@@ -69,6 +69,21 @@ def test_segment_bytes_validated() -> None:
         pipesgd.Engine(segment_bytes=8)
 
 
+@pytest.mark.parametrize("window", [0, -2, 1.5])
+def test_window_validated(window) -> None:
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        pipesgd.Engine(window=window)
+
+
+def test_window_argument_overrides_environment(monkeypatch) -> None:
+    monkeypatch.setenv("PIPESGD_RING_WINDOW", "5")
+    e = pipesgd.Engine(window=3)
+    try:
+        assert e.window == 3
+    finally:
+        e.shutdown()
+
+
 @pytest.mark.parametrize(
     ("env", "segment_bytes", "window"),
     [
