@@ -111,7 +111,8 @@ class CommContext {
   // Over shared memory a wait is judged by `latest_done`, when the request had
   // completed at the latest not counting how far the last sleep overran: on a busy VM
   // nanosleep(50 us) can take 200 us, and judging by the wall clock taught "do not
-  // spin", so the next sleeps overran too and an 8 MiB allreduce took twice as long.
+  // spin", so the next sleeps overran too: at p = 2 one 8 MiB allreduce run in seven
+  // took twice as long (bench/allreduce.py, BENCHMARKS.md).
   // Over a network the wall clock is the link's pace, and judging as before spends
   // 15-25 % less CPU per operation (bench/allreduce.py --netem, cpu column).
   void completed(std::chrono::steady_clock::time_point wait_began,
