@@ -107,7 +107,8 @@ void CommContext::request_abort(const std::string& reason) {
   abort_requested_.store(true);
 }
 
-int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us) {
+int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us,
+                           std::chrono::steady_clock::time_point now) {
   check_control(op);
   if (abort_requested_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
@@ -120,8 +121,7 @@ int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep
     stall_warned_ = false;
   }
   if (!stall_warned_) {
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - op.started).count();
+    const double waited = std::chrono::duration<double>(now - op.started).count();
     if (waited > config_.stall_seconds) {
       stall_warned_ = true;
       std::fprintf(stderr,
@@ -132,7 +132,6 @@ int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep
       std::fflush(stderr);
     }
   }
-  const auto now = std::chrono::steady_clock::now();
   if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) {
     return 0;
   }
@@ -161,8 +160,7 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
     int done = 0;
     test(&done);
     if (done) {
-      completed(began, polled ? latest_done : std::chrono::steady_clock::now(),
-                polled && teaches_spin);
+      completed(began, latest_done, polled && teaches_spin);
       return;
     }
     // A header's wait lasts as long as the peer is late: it keeps polling at
@@ -171,7 +169,8 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
       sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
     }
     const auto missed = std::chrono::steady_clock::now();
-    const int asked_us = poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us);
+    const int asked_us =
+        poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us, missed);
     slept = asked_us > 0;
     latest_done = missed + std::chrono::microseconds(asked_us);
   }

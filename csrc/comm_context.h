@@ -106,15 +106,16 @@ class CommContext {
  private:
   void post_control_receive();
   // Checks for failures and stalls, then sleeps unless spinning pays; returns the
-  // microseconds it asked to sleep (0: it did not).
-  int poll_once(Operation& op, int peer, const char* phase, int sleep_us);
-  // Over shared memory a wait is judged by `latest_done`, when the request had
-  // completed at the latest not counting how far the last sleep overran: on a busy VM
+  // microseconds it asked to sleep (0: it did not). `now`: when the last test failed.
+  int poll_once(Operation& op, int peer, const char* phase, int sleep_us,
+                std::chrono::steady_clock::time_point now);
+  // Over shared memory a wait that polled is judged by `latest_done`, when the request
+  // had completed at the latest not counting how far the last sleep overran: on a busy VM
   // nanosleep(50 us) can take 200 us, and judging by the wall clock taught "do not
   // spin", so the next sleeps overran too: at p = 2 one 8 MiB allreduce run in seven
   // took twice as long (bench/allreduce.py, BENCHMARKS.md).
   // Over a network the wall clock is the link's pace, and judging as before spends
-  // 15-25 % less CPU per operation (bench/allreduce.py --netem, cpu column).
+  // 15-27 % less CPU per operation (bench/allreduce.py --netem, cpu column).
   void completed(std::chrono::steady_clock::time_point wait_began,
                  std::chrono::steady_clock::time_point latest_done, bool polled);
   // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
