@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated buffer sizes")
     ap.add_argument("--repeat", type=int, default=10, help="timed repetitions per size")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--settle-ms", type=float, default=2.0,
+                    help="pause before each timed operation, so none pays for the last one's "
+                    "leftover threads")
     ap.add_argument("--impl", default="pipesgd,mpi,gloo", help="pipesgd,mpi,gloo")
     ap.add_argument(
         "--compression",
@@ -90,7 +93,7 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: Callable[[], None],
-                  repeat: int, warmup: int) -> dict[str, tuple[float, float]]:
+                  repeat: int, warmup: int, settle_s: float) -> dict[str, tuple[float, float]]:
     """(median slowest-rank time, median CPU time) over repetitions, for every variant.
 
     CPU time is the process's (all threads, user + system) during the operation,
@@ -99,6 +102,12 @@ def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: C
     Repetitions are interleaved (A B C A B C ...), so a change in machine load during
     the run hits every variant alike and the ratios between them stay meaningful.
     `reset` restores the input before each operation (sums would otherwise overflow).
+
+    Each operation starts after a pause of `settle_s`, so it does not pay for the
+    previous variant's leftovers: gloo's two worker threads finish after all_reduce
+    has returned, and without the pause they ran during the next operation, which
+    spent 3-5x longer waiting for a core (8 MiB, p = 2, 2 cores: pipesgd's comm
+    thread 25-33 ms runnable-but-waiting over 60 operations, against 6-12 ms).
     """
     from mpi4py import MPI
 
@@ -107,6 +116,7 @@ def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: C
     for i in range(warmup + repeat):
         for label, op in variants:
             reset()
+            time.sleep(settle_s)
             comm.Barrier()
             c0, t0 = time.process_time(), time.perf_counter()
             op()
@@ -157,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
             tensor = torch.from_numpy(buf)
             variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
         medians = time_variants(comm, variants, lambda b=buf, o=original: np.copyto(b, o),
-                                args.repeat, args.warmup)
+                                args.repeat, args.warmup, args.settle_ms / 1e3)
         for label, (t, cpu) in medians.items():
             algbw = nbytes / t / 1e9
             busbw = algbw * 2 * (p - 1) / p if p > 1 else algbw

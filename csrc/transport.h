@@ -7,19 +7,23 @@
 
 namespace pipesgd {
 
-// Segment sizes per transport. Shared memory moves big segments fastest (each
-// message pays a rendezvous). Over TCP, Open MPI sends messages up to its
+// Segment sizes per transport. Shared memory moves big segments fastest: each
+// message pays a rendezvous, and one thread per rank both copies (CMA) and adds,
+// so smaller segments buy no overlap there. Against 256 KiB, 1 MiB segments took
+// 8 MiB allreduces from 0.87 to 0.94 of MPI's speed at p = 2 and from 0.66-0.78
+// to 0.82-0.87 at p = 4 (median of 60 interleaved rounds, engines side by side).
+// Over TCP, Open MPI sends messages up to its
 // 64 KiB eager limit (header included) at once, but a larger one waits for a
 // clear-to-send that queues behind the data flowing the other way on the same
 // connection, which halved a 2-rank ring's throughput on emulated 1 Gbit/s
 // links; 60 KiB segments stay eager (bench/allreduce.py --netem).
-constexpr std::size_t kSharedMemorySegmentBytes = 256 * 1024;
+constexpr std::size_t kSharedMemorySegmentBytes = 1024 * 1024;
 constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 
 // Receives posted ahead of the one being reduced. Over shared memory the receiver
 // itself copies each segment (CMA) whenever MPI progresses, so every posted receive
-// may land before its turn to be added: with 8 posted that is 2 MiB, more than a
-// core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (BENCHMARKS.md).
+// may land before its turn to be added: 8 posted segments of 256 KiB were more than
+// a core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (BENCHMARKS.md).
 // A network segment arrives at the link's pace, and more in flight keep it busy.
 constexpr int kSharedMemoryWindow = 2;
 constexpr int kNetworkWindow = 8;

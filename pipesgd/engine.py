@@ -79,7 +79,7 @@ class Engine:
     Args:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
         segment_bytes: bytes per ring segment, the same on every rank (default
-            `PIPESGD_SEGMENT_BYTES`, else 256 KiB on shared memory and 60 KiB over a network).
+            `PIPESGD_SEGMENT_BYTES`, else 1 MiB on shared memory and 60 KiB over a network).
         window: ring receives posted ahead of the one being reduced (default
             `PIPESGD_RING_WINDOW`, else 2 on shared memory and 8 over a network).
     """

@@ -87,7 +87,7 @@ def test_window_argument_overrides_environment(monkeypatch) -> None:
 @pytest.mark.parametrize(
     ("env", "segment_bytes", "window"),
     [
-        ({}, 256 * 1024, 2),                                 # ring neighbours share memory
+        ({}, 1024 * 1024, 2),                                # ring neighbours share memory
         ({"OMPI_MCA_btl": "self,tcp"}, 60 * 1024, 8),        # MPI told to use the network
         ({"OMPI_MCA_btl": "^sm", "PIPESGD_RING_WINDOW": "3"}, 60 * 1024, 3),
         ({"PIPESGD_SEGMENT_BYTES": "4096"}, 4096, 2),

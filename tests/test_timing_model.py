@@ -88,8 +88,11 @@ def test_ring_cost_trunc16_by_hand():
 
 def test_ring_cost_quant8_carries_a_scale_per_segment():
     # chunk 1e6 B = 250000 floats = 4 segments of 256 KiB -> 250000 + 16 wire bytes
-    cost = ring_allreduce_cost(4e6, 4, net(), "quant8")
+    cost = ring_allreduce_cost(4e6, 4, net(), "quant8", segment_bytes=256 << 10)
     assert cost.transfer == pytest.approx(6 * 250016 * 1e-9)
+    # the default segment (1 MiB) holds the whole chunk: one scale
+    cost = ring_allreduce_cost(4e6, 4, net(), "quant8")
+    assert cost.transfer == pytest.approx(6 * 250004 * 1e-9)
 
 
 def test_predict_dsync_is_eq2_and_pipe_is_eq5():
