@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "mpi_check.h"
 
@@ -26,8 +27,10 @@ void sleep_for_us(int us) {
 
 }  // namespace
 
-CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory)
-    : comm_(comm), config_(config), shared_memory_(shared_memory), control_buf_(kControlBytes),
+CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
+                         std::shared_ptr<const std::atomic<int>> callers_waiting)
+    : comm_(comm), config_(config), shared_memory_(shared_memory),
+      callers_waiting_(std::move(callers_waiting)), control_buf_(kControlBytes),
       sleep_us_(config.poll_us),
       max_sleep_us_(config.poll_us) {
   PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
@@ -169,8 +172,10 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
       sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
     }
     const auto missed = std::chrono::steady_clock::now();
-    const int asked_us =
-        poll_once(op, peer, phase, teaches_spin ? sleep_us_ : config_.poll_us, missed);
+    const bool spin =
+        callers_waiting_ && callers_waiting_->load(std::memory_order_relaxed) > 0;
+    const int asked_us = poll_once(op, peer, phase,
+                                   spin ? 0 : teaches_spin ? sleep_us_ : config_.poll_us, missed);
     slept = asked_us > 0;
     latest_done = missed + std::chrono::microseconds(asked_us);
   }

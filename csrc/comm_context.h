@@ -16,6 +16,9 @@
 // poll_max_us, and later wakes find a segment or two ready (same emulator:
 // uncompressed 28 ms of CPU -> 15, quant8 10 -> 7.5, in the same time). Each
 // operation starts at poll_us again, so small ones keep their latency.
+// Over shared memory, while a thread of the process is blocked waiting for an
+// operation (and the node has a core per rank), waits spin instead: that core is
+// idle, and each nap adds a descheduled peer's lateness to the operation.
 #pragma once
 
 #include <mpi.h>
@@ -24,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -49,7 +53,10 @@ class CommContext {
  public:
   // Takes ownership of `comm` (already duplicated by the caller). `shared_memory`:
   // the ring's neighbours are reached through shared memory (transport.h).
-  CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory);
+  // `callers_waiting`: how many threads are blocked waiting for an operation; while
+  // any is, polling spins instead of sleeping (null: never; EnvConfig::spin_while_waited).
+  CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
+              std::shared_ptr<const std::atomic<int>> callers_waiting);
   ~CommContext();
   CommContext(const CommContext&) = delete;
   CommContext& operator=(const CommContext&) = delete;
@@ -129,6 +136,7 @@ class CommContext {
   int tags_per_op_ = 3;
   EnvConfig config_;
   bool shared_memory_;
+  std::shared_ptr<const std::atomic<int>> callers_waiting_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::vector<char> control_buf_;
   std::vector<MPI_Request> control_sends_;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <stdexcept>
+#include <thread>
+#include <utility>
 
 #include "allreduce/ring.h"
 #include "mpi_check.h"
@@ -44,12 +46,21 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   MPI_Comm dup = MPI_COMM_NULL;
   PSG_MPI_CHECK(MPI_Comm_dup(comm, &dup), -1);
   // Collective: asked on every rank, whatever each rank's environment says.
-  const bool shared_memory = ring_neighbours_share_memory(dup);
+  const RingTransport transport = describe_ring_transport(dup);
+  const bool shared_memory = transport.shared_memory;
   if (config_.segment_bytes == 0) {
     config_.segment_bytes = shared_memory ? kSharedMemorySegmentBytes : kNetworkSegmentBytes;
   }
   if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
-  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory);
+  // Spinning while the caller waits pays over shared memory, where a segment follows
+  // within microseconds, and only if no other rank needs the core. Over a network
+  // the link sets the pace and polite polling already keeps up (comm_context.h).
+  const bool core_per_rank =
+      static_cast<unsigned>(transport.node_ranks) <= std::thread::hardware_concurrency();
+  spins_while_waited_ = config_.spin_while_waited != 0 && shared_memory && core_per_rank;
+  std::shared_ptr<const std::atomic<int>> spin_signal;
+  if (spins_while_waited_) spin_signal = callers_waiting_;
+  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, std::move(spin_signal));
   rank_ = ctx_->rank();
   size_ = ctx_->size();
   thread_ = std::thread([this] { comm_thread_main(); });
@@ -77,6 +88,7 @@ std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DTyp
   operation->dtype = dtype;
   operation->op = op;
   operation->compression = compression;
+  operation->callers_waiting = callers_waiting_;
   {
     // Sequence numbers are assigned in queue order.
     std::lock_guard<std::mutex> lock(shutdown_mutex_);

@@ -46,6 +46,7 @@ class Engine {
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }
+  bool spins_while_waited() const { return spins_while_waited_; }
   bool is_shut_down() const { return shut_down_.load(); }
 
  private:
@@ -55,6 +56,9 @@ class Engine {
   EnvConfig config_;
   int rank_ = 0;
   int size_ = 1;
+  bool spins_while_waited_ = false;
+  // Threads blocked in an operation's wait(); the comm thread spins while there are any.
+  std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;
   Workspace workspace_;
   OpQueue queue_;

@@ -8,7 +8,28 @@ std::string Operation::describe() const {
          compression_name(compression) + ")";
 }
 
+namespace {
+
+// Counts the calling thread as blocked for as long as it waits.
+class WaitingCaller {
+ public:
+  explicit WaitingCaller(std::atomic<int>* count) : count_(count) {
+    if (count_ != nullptr) count_->fetch_add(1, std::memory_order_relaxed);
+  }
+  ~WaitingCaller() {
+    if (count_ != nullptr) count_->fetch_sub(1, std::memory_order_relaxed);
+  }
+  WaitingCaller(const WaitingCaller&) = delete;
+  WaitingCaller& operator=(const WaitingCaller&) = delete;
+
+ private:
+  std::atomic<int>* count_;
+};
+
+}  // namespace
+
 bool Operation::wait(double timeout_s) const {
+  const WaitingCaller waiting(callers_waiting.get());
   std::unique_lock<std::mutex> lock(mutex_);
   auto finished_now = [this] {
     return status_ == OpStatus::kDone || status_ == OpStatus::kFailed;

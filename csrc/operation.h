@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -35,6 +36,8 @@ struct Operation {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kAverage;
   Compression compression = Compression::kNone;
+  // The engine's count of threads blocked in wait() (shared: a handle may outlive it).
+  std::shared_ptr<std::atomic<int>> callers_waiting;
 
   // Progress, written by the comm thread, read by waiters for timeout messages.
   std::atomic<int> waiting_on{-1};

@@ -20,7 +20,7 @@ bool shared_memory_transport_allowed() {
 
 }  // namespace
 
-bool ring_neighbours_share_memory(MPI_Comm comm) {
+RingTransport describe_ring_transport(MPI_Comm comm) {
   int rank = 0, size = 1;
   PSG_MPI_CHECK(MPI_Comm_rank(comm, &rank), -1);
   PSG_MPI_CHECK(MPI_Comm_size(comm, &size), -1);
@@ -32,6 +32,8 @@ bool ring_neighbours_share_memory(MPI_Comm comm) {
   const int neighbours[2] = {(rank + size - 1) % size, (rank + 1) % size};
   int translated[2] = {MPI_UNDEFINED, MPI_UNDEFINED};
   MPI_Group_translate_ranks(all, 2, neighbours, local, translated);
+  RingTransport transport;
+  PSG_MPI_CHECK(MPI_Comm_size(node, &transport.node_ranks), -1);
   MPI_Group_free(&all);
   MPI_Group_free(&local);
   MPI_Comm_free(&node);
@@ -40,7 +42,8 @@ bool ring_neighbours_share_memory(MPI_Comm comm) {
   // One segment size for the whole ring: shared memory only if every rank says so.
   int all_local = 0;
   PSG_MPI_CHECK(MPI_Allreduce(&mine, &all_local, 1, MPI_INT, MPI_MIN, comm), -1);
-  return all_local != 0;
+  transport.shared_memory = all_local != 0;
+  return transport;
 }
 
 }  // namespace pipesgd

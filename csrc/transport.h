@@ -28,9 +28,16 @@ constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 constexpr int kSharedMemoryWindow = 2;
 constexpr int kNetworkWindow = 8;
 
-// True when this rank's ring neighbours are on its node and MPI may use shared
-// memory to reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network
-// emulator does). Collective over `comm`.
-bool ring_neighbours_share_memory(MPI_Comm comm);
+struct RingTransport {
+  // This rank's ring neighbours are on its node and MPI may use shared memory to
+  // reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network emulator
+  // does); true only if it holds for every rank, so the ring cuts segments alike.
+  bool shared_memory = false;
+  // Ranks of the communicator on this rank's node.
+  int node_ranks = 1;
+};
+
+// Collective over `comm`.
+RingTransport describe_ring_transport(MPI_Comm comm);
 
 }  // namespace pipesgd

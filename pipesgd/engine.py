@@ -115,6 +115,17 @@ class Engine:
         """Ring receives posted ahead of the one being reduced (PIPESGD_RING_WINDOW)."""
         return int(self._engine.window)
 
+    @property
+    def spins_while_waited(self) -> bool:
+        """Whether the comm thread spins, instead of napping between MPI tests, while a
+        thread of this process is blocked in `Handle.wait` (PIPESGD_SPIN_WHILE_WAITED).
+
+        Only over shared memory and with at least a core per rank of the node: the
+        waiting thread's core is idle then, and napping only adds the lateness of a
+        descheduled peer to the operation's time.
+        """
+        return bool(self._engine.spins_while_waited)
+
     def allreduce_async(
         self, tensor: Any, op: str = "average", compression: str = "none"
     ) -> Handle:

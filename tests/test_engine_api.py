@@ -106,6 +106,30 @@ def test_segment_and_window_follow_the_transport(monkeypatch, env, segment_bytes
         e.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("env", "spins"),
+    [
+        ({}, True),                                # one rank, shared memory
+        ({"PIPESGD_SPIN_WHILE_WAITED": "0"}, False),
+        ({"OMPI_MCA_btl": "self,tcp"}, False),     # a network sets the pace
+    ],
+)
+def test_spinning_while_waited_follows_transport_and_environment(monkeypatch, env,
+                                                                 spins) -> None:
+    for name in ("OMPI_MCA_btl", "PIPESGD_SPIN_WHILE_WAITED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    e = pipesgd.Engine()
+    try:
+        assert e.spins_while_waited is spins
+        t = np.arange(10, dtype=np.float32)
+        assert e.allreduce_async(t, op="sum").wait(timeout=10) is t
+        np.testing.assert_array_equal(t, np.arange(10, dtype=np.float32))
+    finally:
+        e.shutdown()
+
+
 def test_default_engine_lifecycle() -> None:
     pipesgd.shutdown()
     with pytest.raises(pipesgd.PipesgdError, match=r"pipesgd.init\(\)"):
