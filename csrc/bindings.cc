@@ -80,7 +80,9 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("size", &Engine::size)
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
-      .def_property_readonly("spins_while_waited", &Engine::spins_while_waited)
+      .def_property_readonly(
+          "polling_while_waited",
+          [](const Engine& e) { return std::string(waited_polling_name(e.polling_while_waited())); })
       .def_property_readonly("is_shut_down", &Engine::is_shut_down);
 
   bind_compression(m);

@@ -1,5 +1,6 @@
 #include "comm_context.h"
 
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -27,10 +28,21 @@ void sleep_for_us(int us) {
 
 }  // namespace
 
+const char* waited_polling_name(WaitedPolling polling) {
+  switch (polling) {
+    case WaitedPolling::kSpin: return "spin";
+    case WaitedPolling::kYield: return "yield";
+    case WaitedPolling::kSleep: break;
+  }
+  return "sleep";
+}
+
 CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
-                         std::shared_ptr<const std::atomic<int>> callers_waiting)
+                         std::shared_ptr<const std::atomic<int>> callers_waiting,
+                         WaitedPolling while_waited)
     : comm_(comm), config_(config), shared_memory_(shared_memory),
-      callers_waiting_(std::move(callers_waiting)), control_buf_(kControlBytes),
+      callers_waiting_(std::move(callers_waiting)), while_waited_(while_waited),
+      control_buf_(kControlBytes),
       sleep_us_(config.poll_us),
       max_sleep_us_(config.poll_us) {
   PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
@@ -172,10 +184,11 @@ void CommContext::poll_until(Test test, Operation& op, int peer, const char* pha
       sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
     }
     const auto missed = std::chrono::steady_clock::now();
-    const bool spin =
-        callers_waiting_ && callers_waiting_->load(std::memory_order_relaxed) > 0;
+    const bool waited = while_waited_ != WaitedPolling::kSleep &&
+                        callers_waiting_->load(std::memory_order_relaxed) > 0;
     const int asked_us = poll_once(op, peer, phase,
-                                   spin ? 0 : teaches_spin ? sleep_us_ : config_.poll_us, missed);
+                                   waited ? 0 : teaches_spin ? sleep_us_ : config_.poll_us, missed);
+    if (waited && while_waited_ == WaitedPolling::kYield) sched_yield();
     slept = asked_us > 0;
     latest_done = missed + std::chrono::microseconds(asked_us);
   }

@@ -17,8 +17,8 @@
 // uncompressed 28 ms of CPU -> 15, quant8 10 -> 7.5, in the same time). Each
 // operation starts at poll_us again, so small ones keep their latency.
 // Over shared memory, while a thread of the process is blocked waiting for an
-// operation (and the node has a core per rank), waits spin instead: that core is
-// idle, and each nap adds a descheduled peer's lateness to the operation.
+// operation, waits do not nap (WaitedPolling): that thread's core is idle, and each
+// nap adds a descheduled peer's lateness to the operation.
 #pragma once
 
 #include <mpi.h>
@@ -49,14 +49,24 @@ class OpFailure : public std::runtime_error {
   FailureKind kind_;
 };
 
+// How the comm thread polls while a thread of its process waits for an operation.
+enum class WaitedPolling : int {
+  kSleep = 0,  // as at any other time
+  kSpin = 1,   // test without pause: the node has a core per rank
+  kYield = 2,  // test, then sched_yield: ranks share cores, and the one this thread
+               // yields to is most likely a peer the ring waits on
+};
+const char* waited_polling_name(WaitedPolling polling);
+
 class CommContext {
  public:
   // Takes ownership of `comm` (already duplicated by the caller). `shared_memory`:
   // the ring's neighbours are reached through shared memory (transport.h).
   // `callers_waiting`: how many threads are blocked waiting for an operation; while
-  // any is, polling spins instead of sleeping (null: never; EnvConfig::spin_while_waited).
+  // any is, polling does `while_waited` instead of sleeping.
   CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
-              std::shared_ptr<const std::atomic<int>> callers_waiting);
+              std::shared_ptr<const std::atomic<int>> callers_waiting,
+              WaitedPolling while_waited);
   ~CommContext();
   CommContext(const CommContext&) = delete;
   CommContext& operator=(const CommContext&) = delete;
@@ -137,6 +147,7 @@ class CommContext {
   EnvConfig config_;
   bool shared_memory_;
   std::shared_ptr<const std::atomic<int>> callers_waiting_;
+  WaitedPolling while_waited_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;
   std::vector<char> control_buf_;
   std::vector<MPI_Request> control_sends_;

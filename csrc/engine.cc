@@ -3,7 +3,6 @@
 #include <chrono>
 #include <stdexcept>
 #include <thread>
-#include <utility>
 
 #include "allreduce/ring.h"
 #include "mpi_check.h"
@@ -52,15 +51,16 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
     config_.segment_bytes = shared_memory ? kSharedMemorySegmentBytes : kNetworkSegmentBytes;
   }
   if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
-  // Spinning while the caller waits pays over shared memory, where a segment follows
-  // within microseconds, and only if no other rank needs the core. Over a network
-  // the link sets the pace and polite polling already keeps up (comm_context.h).
-  const bool core_per_rank =
-      static_cast<unsigned>(transport.node_ranks) <= std::thread::hardware_concurrency();
-  spins_while_waited_ = config_.spin_while_waited != 0 && shared_memory && core_per_rank;
-  std::shared_ptr<const std::atomic<int>> spin_signal;
-  if (spins_while_waited_) spin_signal = callers_waiting_;
-  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, std::move(spin_signal));
+  // Polling harder while the caller waits pays over shared memory, where a segment
+  // follows within microseconds. Over a network the link sets the pace and polite
+  // polling already keeps up (comm_context.h).
+  if (config_.poll_while_waited != 0 && shared_memory) {
+    const bool core_per_rank =
+        static_cast<unsigned>(transport.node_ranks) <= std::thread::hardware_concurrency();
+    while_waited_ = core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
+  }
+  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, callers_waiting_,
+                                       while_waited_);
   rank_ = ctx_->rank();
   size_ = ctx_->size();
   thread_ = std::thread([this] { comm_thread_main(); });

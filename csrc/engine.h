@@ -46,7 +46,7 @@ class Engine {
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }
-  bool spins_while_waited() const { return spins_while_waited_; }
+  WaitedPolling polling_while_waited() const { return while_waited_; }
   bool is_shut_down() const { return shut_down_.load(); }
 
  private:
@@ -56,7 +56,7 @@ class Engine {
   EnvConfig config_;
   int rank_ = 0;
   int size_ = 1;
-  bool spins_while_waited_ = false;
+  WaitedPolling while_waited_ = WaitedPolling::kSleep;
   // Threads blocked in an operation's wait(); the comm thread spins while there are any.
   std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;

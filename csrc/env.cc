@@ -31,8 +31,8 @@ EnvConfig read_env_config() {
   c.poll_max_us = static_cast<int>(env_double("PIPESGD_POLL_MAX_US", c.poll_max_us, 0));
   c.poll_max_us = std::max(c.poll_max_us, c.poll_us);  // a ceiling below the floor: no growth
   c.spin_us = static_cast<int>(env_double("PIPESGD_SPIN_US", c.spin_us, 0));
-  c.spin_while_waited =
-      static_cast<int>(env_double("PIPESGD_SPIN_WHILE_WAITED", c.spin_while_waited, 0));
+  c.poll_while_waited =
+      static_cast<int>(env_double("PIPESGD_POLL_WHILE_WAITED", c.poll_while_waited, 0));
   c.comm_slice_us = static_cast<int>(env_double("PIPESGD_COMM_SLICE_US", c.comm_slice_us, 0));
   c.stall_seconds = env_double("PIPESGD_STALL_SECONDS", c.stall_seconds, 0);
   c.shutdown_seconds = env_double("PIPESGD_SHUTDOWN_SECONDS", c.shutdown_seconds, 0);

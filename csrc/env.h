@@ -22,11 +22,12 @@ struct EnvConfig {
   // ...except right after a request completed: the next one is often about to
   // complete too, so for this long the comm thread tests without sleeping.
   int spin_us = 100;
-  // Spin without sleeping while a thread of this process is blocked waiting for
-  // an operation, if the node has at least a core per rank: the waiter's core is
-  // idle then, and sleeping only lets a descheduled peer's lateness add up
-  // (MPI's own blocking collectives spin too). 0: always poll politely.
-  int spin_while_waited = 1;
+  // While a thread of this process is blocked waiting for an operation, poll
+  // without sleeping: spin if the node has a core per rank (the waiter's core is
+  // idle, and naps only add a descheduled peer's lateness; MPI's blocking
+  // collectives spin too), else test and sched_yield, as Open MPI does when
+  // oversubscribed. Shared memory only. 0: always sleep between tests.
+  int poll_while_waited = 1;
   // EEVDF slice the comm thread asks for (thread_sched.h); 0: the kernel's default.
   int comm_slice_us = 100;
   // A stall warning is printed when one operation waits longer than this.
@@ -36,7 +37,7 @@ struct EnvConfig {
 };
 
 // PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_POLL_MAX_US,
-// PIPESGD_SPIN_US, PIPESGD_SPIN_WHILE_WAITED,
+// PIPESGD_SPIN_US, PIPESGD_POLL_WHILE_WAITED,
 // PIPESGD_COMM_SLICE_US,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();

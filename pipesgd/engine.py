@@ -116,15 +116,19 @@ class Engine:
         return int(self._engine.window)
 
     @property
-    def spins_while_waited(self) -> bool:
-        """Whether the comm thread spins, instead of napping between MPI tests, while a
-        thread of this process is blocked in `Handle.wait` (PIPESGD_SPIN_WHILE_WAITED).
+    def polling_while_waited(self) -> str:
+        """How the comm thread polls MPI while a thread of this process is blocked in
+        `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off):
 
-        Only over shared memory and with at least a core per rank of the node: the
-        waiting thread's core is idle then, and napping only adds the lateness of a
-        descheduled peer to the operation's time.
+        - ``"spin"``: over shared memory with a core per rank on the node. The waiting
+          thread's core is idle, and a nap only adds a descheduled peer's lateness.
+        - ``"yield"``: over shared memory with more ranks than cores: test, then
+          ``sched_yield``, so a peer sharing the core runs at once (as Open MPI does
+          when oversubscribed).
+        - ``"sleep"``: over a network, where the link sets the pace: nap between tests
+          as at any other time.
         """
-        return bool(self._engine.spins_while_waited)
+        return str(self._engine.polling_while_waited)
 
     def allreduce_async(
         self, tensor: Any, op: str = "average", compression: str = "none"

@@ -107,22 +107,22 @@ def test_segment_and_window_follow_the_transport(monkeypatch, env, segment_bytes
 
 
 @pytest.mark.parametrize(
-    ("env", "spins"),
+    ("env", "polling"),
     [
-        ({}, True),                                # one rank, shared memory
-        ({"PIPESGD_SPIN_WHILE_WAITED": "0"}, False),
-        ({"OMPI_MCA_btl": "self,tcp"}, False),     # a network sets the pace
+        ({}, "spin"),                                # one rank, shared memory
+        ({"PIPESGD_POLL_WHILE_WAITED": "0"}, "sleep"),
+        ({"OMPI_MCA_btl": "self,tcp"}, "sleep"),     # a network sets the pace
     ],
 )
-def test_spinning_while_waited_follows_transport_and_environment(monkeypatch, env,
-                                                                 spins) -> None:
-    for name in ("OMPI_MCA_btl", "PIPESGD_SPIN_WHILE_WAITED"):
+def test_polling_while_waited_follows_transport_and_environment(monkeypatch, env,
+                                                                polling) -> None:
+    for name in ("OMPI_MCA_btl", "PIPESGD_POLL_WHILE_WAITED"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     e = pipesgd.Engine()
     try:
-        assert e.spins_while_waited is spins
+        assert e.polling_while_waited == polling
         t = np.arange(10, dtype=np.float32)
         assert e.allreduce_async(t, op="sum").wait(timeout=10) is t
         np.testing.assert_array_equal(t, np.arange(10, dtype=np.float32))

@@ -7,6 +7,7 @@ operations in flight at once. Usage: engine_allreduce.py [segment_bytes]
 """
 
 import hashlib
+import os
 import sys
 
 import numpy as np
@@ -19,6 +20,11 @@ comm = MPI.COMM_WORLD
 segment = int(sys.argv[1]) if len(sys.argv) > 1 else None
 engine = pipesgd.Engine(comm, segment_bytes=segment)
 r, p = comm.rank, comm.size
+# All ranks share this node's memory: the comm thread spins while the caller waits when
+# every rank has a core, else it yields to the peer that shares its core.
+expected_polling = "spin" if p <= (os.cpu_count() or 1) else "yield"
+if "PIPESGD_POLL_WHILE_WAITED" not in os.environ:
+    assert engine.polling_while_waited == expected_polling, engine.polling_while_waited
 COUNTS = [0, 1, max(p - 1, 1), 4, 1000, 10007, 2**20 + 3]
 TOL = {"float32": 1e-6, "float64": 1e-13, "float16": 2e-3, "bfloat16": 1.6e-2}
 
