@@ -10,6 +10,7 @@ a ring: whatever these curves show is the algorithm's, not the implementation's.
     python bench/stale_dynamics.py --lr 0.002 --epochs 6           # a smaller step
     python bench/stale_dynamics.py --nesterov --staleness 1,2,3
     python bench/stale_dynamics.py --batch-norm                    # BatchNorm after convs
+    python bench/stale_dynamics.py --clip-grad-norm 2 --epochs 8   # clip the applied gradient
 
 Prints test accuracy and training loss per epoch for each K and writes
 bench/results/stale_dynamics[_tag].json and .png.
@@ -69,6 +70,8 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
             if len(in_flight) >= k:
                 for p, g in zip(params, in_flight.popleft(), strict=True):
                     p.grad = g
+                if args.clip_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, args.clip_grad_norm)
                 opt.step()
             it += 1
         with torch.no_grad():
@@ -114,6 +117,8 @@ def main() -> int:
     ap.add_argument("--warmup-steps", type=int, default=44, help="first iterations with K = 1")
     ap.add_argument("--batch-norm", action="store_true",
                     help="the CNN with BatchNorm after each convolution")
+    ap.add_argument("--clip-grad-norm", type=float, default=0.0,
+                    help="clip the norm of the gradient each step applies (0: no clipping)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
@@ -134,6 +139,8 @@ def main() -> int:
              **{f"K={k} loss": runs[k][e]["train_loss"] for k in ks}}
             for e in range(args.epochs)]
     momentum = f"{'Nesterov ' if args.nesterov else ''}momentum {args.momentum:g}"
+    if args.clip_grad_norm > 0:
+        momentum += f", gradient norm clipped at {args.clip_grad_norm:g}"
     title = (f"{args.model.upper()} on digits, one process, lr {args.lr:g} {args.lr_schedule}, "
              f"{momentum}, K = 1 for {args.warmup_steps} iterations")
     print_table(rows, title)

@@ -57,7 +57,8 @@ class Engine {
   int rank_ = 0;
   int size_ = 1;
   WaitedPolling while_waited_ = WaitedPolling::kSleep;
-  // Threads blocked in an operation's wait(); the comm thread spins while there are any.
+  // Threads blocked in an operation's wait(); while there are any, the comm thread
+  // polls as while_waited_ says instead of napping.
   std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;
   Workspace workspace_;
