@@ -11,6 +11,7 @@ a ring: whatever these curves show is the algorithm's, not the implementation's.
     python bench/stale_dynamics.py --nesterov --staleness 1,2,3
     python bench/stale_dynamics.py --batch-norm                    # BatchNorm after convs
     python bench/stale_dynamics.py --clip-grad-norm 2 --epochs 8   # clip the applied gradient
+    python bench/stale_dynamics.py --predict-weights 1 --epochs 15 # gradients at predicted weights
 
 Prints test accuracy and training loss per epoch for each K and writes
 bench/results/stale_dynamics[_tag].json and .png.
@@ -51,6 +52,7 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
     per_epoch = len(shards[0])
     total = args.schedule_epochs * per_epoch
     in_flight: collections.deque[list[torch.Tensor]] = collections.deque()
+    previous = [p.detach().clone() for p in params]  # the weights before the last step
     history = []
     it = 0
     for epoch in range(args.epochs):
@@ -60,11 +62,23 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
             for group in opt.param_groups:
                 group["lr"] = args.lr * loop.lr_factor(args.lr_schedule, it, total)
             opt.zero_grad()
+            k = 1 if it < args.warmup_steps else staleness
+            current = None
+            if args.predict_weights and k > 1:
+                # The gradient is applied K - 1 steps later: compute it where the weights
+                # will be by then if they keep moving as in the last step.
+                current = [p.detach().clone() for p in params]
+                with torch.no_grad():
+                    for p, prev in zip(params, previous, strict=True):
+                        p.add_(p - prev, alpha=args.predict_weights * (k - 1))
             loss = F.cross_entropy(model(dataset.train_x[idx]), dataset.train_y[idx])
             loss.backward()
+            if current is not None:
+                with torch.no_grad():
+                    for p, w in zip(params, current, strict=True):
+                        p.copy_(w)
             losses.append(loss.item())
             in_flight.append([p.grad.detach().clone() for p in params])
-            k = 1 if it < args.warmup_steps else staleness
             # the gradient of iteration t is applied at t + k - 1; none is due while the
             # pipe fills after the switch
             if len(in_flight) >= k:
@@ -72,6 +86,7 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
                     p.grad = g
                 if args.clip_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, args.clip_grad_norm)
+                previous = [p.detach().clone() for p in params]
                 opt.step()
             it += 1
         with torch.no_grad():
@@ -119,6 +134,9 @@ def main() -> int:
                     help="the CNN with BatchNorm after each convolution")
     ap.add_argument("--clip-grad-norm", type=float, default=0.0,
                     help="clip the norm of the gradient each step applies (0: no clipping)")
+    ap.add_argument("--predict-weights", type=float, default=0.0, metavar="ALPHA",
+                    help="with K >= 2, compute each gradient at w + ALPHA (K - 1)(w - w_prev) "
+                    "(PipeMare-style weight prediction; 0: off)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
@@ -141,6 +159,8 @@ def main() -> int:
     momentum = f"{'Nesterov ' if args.nesterov else ''}momentum {args.momentum:g}"
     if args.clip_grad_norm > 0:
         momentum += f", gradient norm clipped at {args.clip_grad_norm:g}"
+    if args.predict_weights:
+        momentum += f", weights predicted with alpha {args.predict_weights:g}"
     title = (f"{args.model.upper()} on digits, one process, lr {args.lr:g} {args.lr_schedule}, "
              f"{momentum}, K = 1 for {args.warmup_steps} iterations")
     print_table(rows, title)
