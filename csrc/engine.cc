@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <stdexcept>
-#include <thread>
 
 #include "allreduce/ring.h"
 #include "mpi_check.h"
@@ -47,17 +46,17 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   // Collective: asked on every rank, whatever each rank's environment says.
   const RingTransport transport = describe_ring_transport(dup);
   const bool shared_memory = transport.shared_memory;
-  if (config_.segment_bytes == 0) {
-    config_.segment_bytes = shared_memory ? kSharedMemorySegmentBytes : kNetworkSegmentBytes;
-  }
   if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
+  if (config_.segment_bytes == 0) {
+    config_.segment_bytes = shared_memory
+                                ? shared_memory_segment_bytes(transport, config_.window)
+                                : kNetworkSegmentBytes;
+  }
   // Polling harder while the caller waits pays over shared memory, where a segment
   // follows within microseconds. Over a network the link sets the pace and polite
   // polling already keeps up (comm_context.h).
   if (config_.poll_while_waited != 0 && shared_memory) {
-    const bool core_per_rank =
-        static_cast<unsigned>(transport.node_ranks) <= std::thread::hardware_concurrency();
-    while_waited_ = core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
+    while_waited_ = transport.core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
   }
   ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, callers_waiting_,
                                        while_waited_);

@@ -7,17 +7,23 @@
 
 namespace pipesgd {
 
-// Segment sizes per transport. Shared memory moves big segments fastest: each
-// message pays a rendezvous, and one thread per rank both copies (CMA) and adds,
-// so smaller segments buy no overlap there. Against 256 KiB, 1 MiB segments took
-// 8 MiB allreduces from 0.87 to 0.94 of MPI's speed at p = 2 and from 0.66-0.78
-// to 0.82-0.87 at p = 4 (median of 60 interleaved rounds, engines side by side).
+// Segment sizes per transport. Over shared memory each message pays a rendezvous,
+// and one thread per rank both copies (CMA) and adds, so smaller segments buy no
+// overlap; but each segment is copied into a receive slot and then added, and the
+// slots (window x segment) should still be in L2 for the add. So with a core per rank
+// a segment is L2 / window, within [256 KiB, 1 MiB]: on a 1 MiB L2, 512 KiB segments
+// were 1-5 % faster than 1 MiB at 8 MiB, p = 2, in each of seven runs of 60-150
+// interleaved rounds (even at 16 MiB), and 1 MiB took 0.87 -> 0.94 of MPI's speed
+// against 256 KiB on an earlier VM. With ranks sharing cores every switch between
+// them refills the cache anyway and costs a time slice, so segments are 1 MiB (p = 4
+// on 2 cores: 1 MiB 6-13 % faster than 512 KiB).
 // Over TCP, Open MPI sends messages up to its
 // 64 KiB eager limit (header included) at once, but a larger one waits for a
 // clear-to-send that queues behind the data flowing the other way on the same
 // connection, which halved a 2-rank ring's throughput on emulated 1 Gbit/s
 // links; 60 KiB segments stay eager (bench/allreduce.py --netem).
-constexpr std::size_t kSharedMemorySegmentBytes = 1024 * 1024;
+constexpr std::size_t kMinSharedMemorySegmentBytes = 256 * 1024;
+constexpr std::size_t kMaxSharedMemorySegmentBytes = 1024 * 1024;
 constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 
 // Receives posted ahead of the one being reduced. Over shared memory the receiver
@@ -33,9 +39,15 @@ struct RingTransport {
   // reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network emulator
   // does); true only if it holds for every rank, so the ring cuts segments alike.
   bool shared_memory = false;
-  // Ranks of the communicator on this rank's node.
-  int node_ranks = 1;
+  // Every node has a core for each of its ranks.
+  bool core_per_rank = false;
+  // The smallest per-core L2 cache of all ranks; 0 if no rank could tell.
+  std::size_t l2_cache_bytes = 0;
 };
+
+// The shared-memory segment for `transport` and `window` (see above); the same on
+// every rank, as long as `window` is.
+std::size_t shared_memory_segment_bytes(const RingTransport& transport, int window);
 
 // Collective over `comm`.
 RingTransport describe_ring_transport(MPI_Comm comm);

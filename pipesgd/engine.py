@@ -79,7 +79,8 @@ class Engine:
     Args:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
         segment_bytes: bytes per ring segment, the same on every rank (default
-            `PIPESGD_SEGMENT_BYTES`, else 1 MiB on shared memory and 60 KiB over a network).
+            `PIPESGD_SEGMENT_BYTES`, else 60 KiB over a network and, over shared memory,
+            L2 / window within [256 KiB, 1 MiB] with a core per rank, 1 MiB without).
         window: ring receives posted ahead of the one being reduced (default
             `PIPESGD_RING_WINDOW`, else 2 on shared memory and 8 over a network).
     """

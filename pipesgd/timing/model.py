@@ -66,7 +66,8 @@ from pipesgd.timing.profile import Profile
 
 MODES = ("none", "trunc16", "quant8")
 OVERLAPS = ("sequential", "backward")
-DEFAULT_SEGMENT_BYTES = 1 << 20  # the engine's, between ranks that share memory
+DEFAULT_SEGMENT_BYTES = 1 << 20  # the engine's largest (csrc/transport.h); only quant8's
+# per-segment scale depends on it
 DEFAULT_BUCKET_BYTES = 25 << 20
 TIE_TOLERANCE = 1e-9
 BREAKDOWN_KEYS = ("update", "forward", "backward", "communication", "compression", "contention")
