@@ -13,7 +13,6 @@
 namespace pipesgd {
 namespace {
 
-// Open MPI's BTL selection, when set, says whether shared memory is allowed.
 // This core's L2 cache in bytes, or 0 if the C library cannot tell.
 long l2_cache_bytes() {
 #ifdef _SC_LEVEL2_CACHE_SIZE
@@ -23,6 +22,7 @@ long l2_cache_bytes() {
 #endif
 }
 
+// Open MPI's BTL selection, when set, says whether shared memory is allowed.
 bool shared_memory_transport_allowed() {
   const char* btl = std::getenv("OMPI_MCA_btl");
   if (btl == nullptr || *btl == '\0') return true;
