@@ -53,6 +53,7 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
     total = args.schedule_epochs * per_epoch
     in_flight: collections.deque[list[torch.Tensor]] = collections.deque()
     previous = [p.detach().clone() for p in params]  # the weights before the last step
+    # (kept only for --predict-weights)
     history = []
     it = 0
     for epoch in range(args.epochs):
@@ -86,7 +87,8 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
                     p.grad = g
                 if args.clip_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, args.clip_grad_norm)
-                previous = [p.detach().clone() for p in params]
+                if args.predict_weights:
+                    previous = [p.detach().clone() for p in params]
                 opt.step()
             it += 1
         with torch.no_grad():

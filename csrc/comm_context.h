@@ -75,6 +75,7 @@ class CommContext {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const EnvConfig& config() const { return config_; }
+  WaitedPolling while_waited() const { return while_waited_; }
 
   // Tags: per sequence number (mod the tag range) one header tag and one data
   // tag per ring step, so a failed operation's stray messages never match a

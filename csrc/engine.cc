@@ -55,11 +55,12 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   // Polling harder while the caller waits pays over shared memory, where a segment
   // follows within microseconds. Over a network the link sets the pace and polite
   // polling already keeps up (comm_context.h).
+  WaitedPolling while_waited = WaitedPolling::kSleep;
   if (config_.poll_while_waited != 0 && shared_memory) {
-    while_waited_ = transport.core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
+    while_waited = transport.core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
   }
   ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, callers_waiting_,
-                                       while_waited_);
+                                       while_waited);
   rank_ = ctx_->rank();
   size_ = ctx_->size();
   thread_ = std::thread([this] { comm_thread_main(); });

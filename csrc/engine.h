@@ -46,7 +46,7 @@ class Engine {
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }
-  WaitedPolling polling_while_waited() const { return while_waited_; }
+  WaitedPolling polling_while_waited() const { return ctx_->while_waited(); }
   bool is_shut_down() const { return shut_down_.load(); }
 
  private:
@@ -56,9 +56,8 @@ class Engine {
   EnvConfig config_;
   int rank_ = 0;
   int size_ = 1;
-  WaitedPolling while_waited_ = WaitedPolling::kSleep;
   // Threads blocked in an operation's wait(); while there are any, the comm thread
-  // polls as while_waited_ says instead of napping.
+  // polls as CommContext::while_waited() says instead of napping.
   std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;
   Workspace workspace_;
