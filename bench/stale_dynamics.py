@@ -12,6 +12,7 @@ a ring: whatever these curves show is the algorithm's, not the implementation's.
     python bench/stale_dynamics.py --batch-norm                    # BatchNorm after convs
     python bench/stale_dynamics.py --clip-grad-norm 2 --epochs 8   # clip the applied gradient
     python bench/stale_dynamics.py --predict-weights 1 --epochs 15 # gradients at predicted weights
+    python bench/stale_dynamics.py --nesterov --ramp-steps 200 --epochs 15  # bench/train.py's CNN
 
 Prints test accuracy and training loss per epoch for each K and writes
 bench/results/stale_dynamics[_tag].json and .png.
@@ -51,7 +52,8 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
               for r in range(args.ranks)]
     per_epoch = len(shards[0])
     total = args.schedule_epochs * per_epoch
-    in_flight: collections.deque[list[torch.Tensor]] = collections.deque()
+    # (iteration, gradient) pairs not yet applied
+    in_flight: collections.deque[tuple[int, list[torch.Tensor]]] = collections.deque()
     previous = [p.detach().clone() for p in params]  # the weights before the last step
     # (kept only for --predict-weights)
     history = []
@@ -60,8 +62,7 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
         losses = []
         for step in range(per_epoch):
             idx = torch.cat([s.indices(epoch, step) for s in shards])
-            for group in opt.param_groups:
-                group["lr"] = args.lr * loop.lr_factor(args.lr_schedule, it, total)
+            lr = args.lr * loop.lr_factor(args.lr_schedule, it, total)
             opt.zero_grad()
             k = 1 if it < args.warmup_steps else staleness
             current = None
@@ -79,12 +80,18 @@ def train(args: argparse.Namespace, staleness: int) -> list[dict[str, float]]:
                     for p, w in zip(params, current, strict=True):
                         p.copy_(w)
             losses.append(loss.item())
-            in_flight.append([p.grad.detach().clone() for p in params])
+            in_flight.append((it, [p.grad.detach().clone() for p in params]))
             # the gradient of iteration t is applied at t + k - 1; none is due while the
             # pipe fills after the switch
             if len(in_flight) >= k:
-                for p, g in zip(params, in_flight.popleft(), strict=True):
+                applied, grads = in_flight.popleft()
+                for p, g in zip(params, grads, strict=True):
                     p.grad = g
+                for group in opt.param_groups:
+                    # DistributedOptimizer.lr_scale_at, written out
+                    ramped = args.ramp_steps and applied >= args.warmup_steps and staleness > 1
+                    group["lr"] = lr * (min(1.0, (applied - args.warmup_steps + 1)
+                                            / args.ramp_steps) if ramped else 1.0)
                 if args.clip_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, args.clip_grad_norm)
                 if args.predict_weights:
@@ -139,6 +146,8 @@ def main() -> int:
     ap.add_argument("--predict-weights", type=float, default=0.0, metavar="ALPHA",
                     help="with K >= 2, compute each gradient at w + ALPHA (K - 1)(w - w_prev) "
                     "(PipeMare-style weight prediction; 0: off)")
+    ap.add_argument("--ramp-steps", type=int, default=0,
+                    help="ramp the learning rate of the first N stale updates from 1/N up")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
@@ -163,6 +172,8 @@ def main() -> int:
         momentum += f", gradient norm clipped at {args.clip_grad_norm:g}"
     if args.predict_weights:
         momentum += f", weights predicted with alpha {args.predict_weights:g}"
+    if args.ramp_steps:
+        momentum += f", stale updates ramped over {args.ramp_steps}"
     title = (f"{args.model.upper()} on digits, one process, lr {args.lr:g} {args.lr_schedule}, "
              f"{momentum}, K = 1 for {args.warmup_steps} iterations")
     print_table(rows, title)

@@ -62,8 +62,10 @@ class Recipe:
     optimizer: str
     lr: float
     momentum: float = 0.0
+    nesterov: bool = False
     lr_schedule: str = "constant"
     warmup_steps: int = 0  # Pipe-SGD only: the first iterations run with K = 1
+    ramp_steps: int = 0  # Pipe-SGD only: LR ramp over the first stale updates
     channels_last: bool = False  # NHWC layout (every configuration, DDP included)
 
 
@@ -291,8 +293,10 @@ def main() -> int:
                 optimizer=recipe.optimizer,
                 lr=args.lr or recipe.lr,
                 momentum=recipe.momentum,
+                nesterov=recipe.nesterov,
                 lr_schedule=recipe.lr_schedule,
                 warmup_steps=scale(recipe.warmup_steps) if staleness > 1 else 0,
+                ramp_steps=scale(recipe.ramp_steps) if staleness > 1 else 0,
                 staleness=staleness,
                 compression=compression,
                 bucket_mb=args.bucket_mb,

@@ -9,7 +9,11 @@ synchronous data parallelism (D-Sync).
 Schedule with warm-up: iterations t < `warmup_steps` use K = 1, later ones K. Each
 gradient is applied exactly once and in order; the K - 1 steps right after the switch
 (and the first K - 1 steps without warm-up) have nothing to apply and leave weights and
-optimizer state untouched.
+optimizer state untouched. With `ramp_steps` = R, the learning rate of the first R stale
+updates ramps linearly from 1/R of the inner optimizer's rate up to it: a stale heavy
+ball is stable only at a much smaller step than a synchronous one (README, "Learning
+rate and momentum with K >= 2"), and the ramp lets the model settle where the stale
+update is stable instead of diverging right after the switch.
 
 Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated once.
 With overlap="sequential" the buckets are the gradients (as DDP's gradient_as_bucket_view):
@@ -81,6 +85,9 @@ class DistributedOptimizer:
         compression: "none", "trunc16" or "quant8" (float32 parameters only).
         bucket_mb: target size of one flat gradient bucket in MiB.
         warmup_steps: number of first iterations run with K = 1.
+        ramp_steps: scale the learning rate of the first `ramp_steps` stale updates by
+            1/R, 2/R, ..., 1 (R = ramp_steps; 0: no ramp). It multiplies whatever rate
+            the inner optimizer (and its LR scheduler) holds, for that update only.
         overlap: "sequential" submits all buckets in `step()`, and the gradients live in
             the buckets (see `zero_grad`); "backward" submits each bucket from a
             post-accumulate-grad hook as soon as its gradients are ready, copying them out
@@ -105,6 +112,7 @@ class DistributedOptimizer:
         bucket_mb: float = 25.0,
         warmup_steps: int = 0,
         overlap: str = "sequential",
+        ramp_steps: int = 0,
         *,
         engine: Engine | None = None,
         comm: MPI.Comm | None = None,
@@ -122,11 +130,14 @@ class DistributedOptimizer:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
         if not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+        if not isinstance(ramp_steps, int) or ramp_steps < 0:
+            raise ValueError(f"ramp_steps must be an integer >= 0, got {ramp_steps!r}")
 
         self.optimizer = optimizer
         self.staleness = staleness
         self.compression = compression
         self.warmup_steps = warmup_steps
+        self.ramp_steps = ramp_steps
         self.overlap = overlap
         self.bucket_mb = float(bucket_mb)
         self.names, self.params = _check_named_parameters(optimizer, named_parameters)
@@ -211,6 +222,12 @@ class DistributedOptimizer:
         """K used for the gradient of `iteration` (1 during warm-up)."""
         return 1 if iteration < self.warmup_steps else self.staleness
 
+    def lr_scale_at(self, iteration: int) -> float:
+        """Factor on the learning rate that applies the gradient of `iteration`."""
+        if self.ramp_steps == 0 or self.staleness_at(iteration) == 1:
+            return 1.0
+        return min(1.0, (iteration - self.warmup_steps + 1) / self.ramp_steps)
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Submit this iteration's gradient; apply the one due now, if any.
 
@@ -246,7 +263,7 @@ class DistributedOptimizer:
             else:
                 for bucket in range(self.buckets.num_buckets):
                     self.buckets.unpack(due.set_index, bucket)
-            self.optimizer.step()
+            self._inner_step(self.lr_scale_at(due.iteration))
             update_s = time.perf_counter() - begin
         else:
             self._lend_no_inflight_gradient(set_index)
@@ -281,6 +298,7 @@ class DistributedOptimizer:
                 "iteration": self._iteration,
                 "staleness": self.staleness,
                 "warmup_steps": self.warmup_steps,
+                "ramp_steps": self.ramp_steps,
                 "compression": self.compression,
                 "names": list(self.names),
                 "layout": self.buckets.layout.digest(),
@@ -314,11 +332,13 @@ class DistributedOptimizer:
                 f"checkpoint parameters differ from this model's at position {first} "
                 f"(checkpoint has {len(saved['names'])} parameters, model {len(self.names)})"
             )
-        for key, mine in (("staleness", self.staleness), ("warmup_steps", self.warmup_steps)):
-            if saved[key] != mine:
+        for key, mine in (("staleness", self.staleness), ("warmup_steps", self.warmup_steps),
+                          ("ramp_steps", self.ramp_steps)):
+            theirs = saved.get(key, 0)  # written before ramp_steps existed: no ramp
+            if theirs != mine:
                 raise ValueError(
-                    f"checkpoint was written with {key}={saved[key]}, this optimizer has "
-                    f"{key}={mine}: construct it with {key}={saved[key]} to resume"
+                    f"checkpoint was written with {key}={theirs}, this optimizer has "
+                    f"{key}={mine}: construct it with {key}={theirs} to resume"
                 )
         if saved["layout"] != self.buckets.layout.digest():
             raise ValueError(
@@ -366,10 +386,25 @@ class DistributedOptimizer:
                 "staleness": self.staleness,
                 "compression": self.compression,
                 "warmup_steps": self.warmup_steps,
+                "ramp_steps": self.ramp_steps,
             },
             "layout": self.buckets.layout.describe(),
             "bucket_mb": self.bucket_mb,
         }
+
+    def _inner_step(self, lr_scale: float) -> None:
+        if lr_scale == 1.0:
+            self.optimizer.step()
+            return
+        rates = [group["lr"] for group in self.optimizer.param_groups]
+        for group, lr in zip(self.optimizer.param_groups, rates, strict=True):
+            group["lr"] = lr * lr_scale
+        try:
+            self.optimizer.step()
+        finally:
+            # the scheduler's rate, not the scaled one, is what the next step starts from
+            for group, lr in zip(self.optimizer.param_groups, rates, strict=True):
+                group["lr"] = lr
 
     def _missing_error(self, t: int, missing: list[int]) -> PipesgdError:
         missing = sorted(missing)

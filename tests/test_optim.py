@@ -45,6 +45,8 @@ def backward(model: nn.Module, t: int) -> None:
         ({"overlap": "eager"}, "unknown overlap 'eager'"),
         ({"bucket_mb": 0}, "bucket_mb must be positive"),
         ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
+        ({"ramp_steps": -1}, "ramp_steps must be an integer >= 0"),
+        ({"ramp_steps": 2.5}, "ramp_steps must be an integer >= 0"),
     ],
 )
 def test_argument_errors(engine, kwargs: dict, message: str) -> None:
@@ -118,6 +120,26 @@ def test_schedule_applies_each_gradient_once(engine, staleness, warmup, applies)
     assert seen == applies
 
 
+def test_ramp_scales_the_first_stale_updates_only(engine) -> None:
+    """K = 2 after two synchronous steps, ramp over 4: gradient t (= 1 everywhere) moves
+    w by lr times the ramp's factor; the inner optimizer's own rate is left as it was."""
+    w = nn.Parameter(torch.zeros(1))
+    inner = torch.optim.SGD([w], lr=0.5)
+    opt = DistributedOptimizer(inner, [("w", w)], staleness=2, warmup_steps=2, ramp_steps=4,
+                               engine=engine)
+    moves = []
+    for _ in range(8):
+        before = w.item()
+        w.grad = torch.ones(1)
+        opt.step()
+        moves.append(before - w.item())
+        assert inner.param_groups[0]["lr"] == 0.5
+    # steps 0, 1: synchronous; 2: nothing due after the switch; 3-6: gradients 2-5 at
+    # 1/4, 2/4, 3/4, 4/4 of the rate; 7: gradient 6 at the full rate
+    assert moves == pytest.approx([0.5, 0.5, 0.0, 0.125, 0.25, 0.375, 0.5, 0.5])
+    assert [opt.lr_scale_at(t) for t in range(8)] == [1, 1, 0.25, 0.5, 0.75, 1, 1, 1]
+
+
 def test_step_without_a_due_gradient_leaves_state_untouched(engine) -> None:
     model = make_model()
     inner = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=0.1)
@@ -189,6 +211,10 @@ def test_state_dict_round_trip_continues_exactly(engine, kind: str) -> None:
                                  bucket_mb=1e-4, engine=engine)
     with pytest.raises(ValueError, match="staleness=3"):
         other.load_state_dict(state["opt"])
+    ramped = DistributedOptimizer(make_optimizer(third), third.named_parameters(), staleness=3,
+                                  ramp_steps=10, bucket_mb=1e-4, engine=engine)
+    with pytest.raises(ValueError, match="ramp_steps=0"):
+        ramped.load_state_dict(state["opt"])
 
 
 def test_timing_is_reported(engine) -> None:

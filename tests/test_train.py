@@ -16,11 +16,13 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_options_reach_the_config() -> None:
     args = parse("--model", "cnn", "--steps", "7", "--staleness", "3", "--compression",
-                 "quant8", "--warmup-steps", "4", "--overlap", "backward", "--optimizer", "adam")
+                 "quant8", "--warmup-steps", "4", "--overlap", "backward", "--optimizer", "adam",
+                 "--ramp-steps", "9")
     config = cli.config_from_args(args)
     assert (config.model, config.steps, config.staleness, config.compression) == (
         "cnn", 7, 3, "quant8")
     assert (config.warmup_steps, config.overlap, config.optimizer) == (4, "backward", "adam")
+    assert config.ramp_steps == 9
     assert not config.channels_last and cli.config_from_args(
         parse("--model", "cnn", "--channels-last")).channels_last
 

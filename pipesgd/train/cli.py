@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="first iterations run synchronously (K = 1)")
+    parser.add_argument("--ramp-steps", type=int, default=0, metavar="N",
+                        help="ramp the learning rate of the first N stale updates linearly "
+                             "up to the full rate (K >= 2)")
     parser.add_argument("--overlap", choices=OVERLAP_MODES, default="sequential",
                         help="submit gradients after backward, or bucket by bucket during it")
     parser.add_argument("--bucket-mb", type=float, default=25.0)
@@ -81,6 +84,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         lr_schedule=args.lr_schedule, lr_warmup_steps=args.lr_warmup_steps,
         staleness=args.staleness,
         compression=args.compression, warmup_steps=args.warmup_steps, overlap=args.overlap,
+        ramp_steps=args.ramp_steps,
         bucket_mb=args.bucket_mb, channels_last=args.channels_last, seed=args.seed,
         checkpoint=args.checkpoint, resume=args.resume,
     )

@@ -51,6 +51,8 @@ class TrainConfig:
     staleness: int = 2
     compression: str = "none"
     warmup_steps: int = 0
+    # linear ramp of the learning rate over the first stale updates after the warm-up
+    ramp_steps: int = 0
     overlap: str = "sequential"
     bucket_mb: float = 25.0
     # NHWC activations and convolution weights: oneDNN's faster layout on CPU
@@ -85,7 +87,7 @@ def pipesgd_synchronizer(
     return model, DistributedOptimizer(
         inner, model.named_parameters(), staleness=config.staleness,
         compression=config.compression, bucket_mb=config.bucket_mb,
-        warmup_steps=config.warmup_steps, overlap=config.overlap,
+        warmup_steps=config.warmup_steps, overlap=config.overlap, ramp_steps=config.ramp_steps,
     )
 
 
