@@ -68,15 +68,17 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "allreduce",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,
-             const std::string& op, const std::string& compression) {
+             const std::string& op, const std::string& compression, bool caller_waits) {
             return e.allreduce(reinterpret_cast<void*>(address), count, parse_dtype(dtype),
-                               parse_reduce_op(op), parse_compression(compression));
+                               parse_reduce_op(op), parse_compression(compression),
+                               caller_waits);
           },
           py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("compression"))
+          py::arg("compression"), py::arg("caller_waits") = false)
       .def("shutdown", &Engine::shutdown, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("callers_waiting", &Engine::callers_waiting)
       .def_property_readonly("size", &Engine::size)
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)

@@ -75,7 +75,8 @@ Engine::~Engine() {
 }
 
 std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
-                                             ReduceOp op, Compression compression) {
+                                             ReduceOp op, Compression compression,
+                                             bool caller_waits) {
   if (count > 0 && data == nullptr) throw std::invalid_argument("allreduce: null buffer");
   if (compression != Compression::kNone && dtype != DType::kFloat32) {
     throw std::invalid_argument(std::string("compression '") + compression_name(compression) +
@@ -98,6 +99,9 @@ std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DTyp
     operation->seq = next_seq_.fetch_add(1);
     if (!queue_.push(operation)) throw std::runtime_error("pipesgd engine is shut down");
   }
+  // Counted once queued (an operation refused above never finishes); the comm
+  // thread reads the count at every poll, so a late start costs at most one nap.
+  if (caller_waits) operation->count_caller_until_finished();
   return operation;
 }
 

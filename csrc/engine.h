@@ -34,15 +34,20 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // In-place allreduce of `count` elements at `data`; the caller keeps the
-  // buffer alive until the returned operation has finished.
+  // buffer alive until the returned operation has finished. `caller_waits`: the
+  // caller will block on it next, so the comm thread polls as for a waited
+  // operation from the start (a caller starved of its core on the way into
+  // wait() must not leave the operation napping meanwhile).
   std::shared_ptr<Operation> allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                                       Compression compression);
+                                       Compression compression, bool caller_waits = false);
 
   // Stops accepting work, lets queued operations finish for up to timeout_s
   // (negative: PIPESGD_SHUTDOWN_SECONDS), then fails what is left. Idempotent.
   void shutdown(double timeout_s);
 
   int rank() const { return rank_; }
+  // Threads blocked on an operation, or about to be (caller_waits).
+  int callers_waiting() const { return callers_waiting_->load(); }
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }

@@ -41,19 +41,36 @@ bool Operation::wait(double timeout_s) const {
   return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), finished_now);
 }
 
+void Operation::count_caller_until_finished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (counts_caller_ || status_ == OpStatus::kDone || status_ == OpStatus::kFailed) return;
+  if (callers_waiting == nullptr) return;
+  counts_caller_ = true;
+  callers_waiting->fetch_add(1, std::memory_order_relaxed);
+}
+
+void Operation::finish_locked(OpStatus status) {
+  status_ = status;
+  if (counts_caller_) {
+    counts_caller_ = false;
+    callers_waiting->fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 void Operation::mark_running() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     status_ = OpStatus::kRunning;
   }
   started = std::chrono::steady_clock::now();
+
   phase.store("starting");
 }
 
 void Operation::complete() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    status_ = OpStatus::kDone;
+    finish_locked(OpStatus::kDone);
   }
   phase.store("done");
   waiting_on.store(-1);
@@ -64,7 +81,7 @@ void Operation::fail(FailureKind kind, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (status_ == OpStatus::kDone || status_ == OpStatus::kFailed) return;
-    status_ = OpStatus::kFailed;
+    finish_locked(OpStatus::kFailed);
     failure_ = kind;
     error_ = message;
   }

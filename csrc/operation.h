@@ -56,6 +56,8 @@ struct Operation {
   }
   // Blocks until finished or timeout_s elapses (negative: no limit). True if finished.
   bool wait(double timeout_s) const;
+  // Counts a caller in `callers_waiting` from now until the operation finishes.
+  void count_caller_until_finished();
   FailureKind failure() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return failure_;
@@ -75,6 +77,9 @@ struct Operation {
   OpStatus status_ = OpStatus::kQueued;
   FailureKind failure_ = FailureKind::kNone;
   std::string error_;
+  bool counts_caller_ = false;  // count_caller_until_finished() is in effect
+
+  void finish_locked(OpStatus status);  // status_ = status, and stop counting the caller
 };
 
 }  // namespace pipesgd

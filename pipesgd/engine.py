@@ -135,13 +135,16 @@ class Engine:
         self, tensor: Any, op: str = "average", compression: str = "none"
     ) -> Handle:
         """Queue an in-place allreduce of `tensor` and return its handle at once."""
+        return self._submit(tensor, op, compression, caller_waits=False)
+
+    def _submit(self, tensor: Any, op: str, compression: str, caller_waits: bool) -> Handle:
         check_op(op)
         buffer = as_buffer(tensor)
         check_compression(compression, buffer.dtype)
         with self._lock:
             self._forget_finished()
             operation = self._engine.allreduce(
-                buffer.address, buffer.count, buffer.dtype, op, compression
+                buffer.address, buffer.count, buffer.dtype, op, compression, caller_waits
             )
             self._inflight[int(operation.seq)] = (operation, buffer)
         return Handle(operation, buffer, self.rank)
@@ -154,7 +157,9 @@ class Engine:
         timeout: float | None = None,
     ) -> Any:
         """In-place allreduce of `tensor`; returns it once every rank has contributed."""
-        return self.allreduce_async(tensor, op=op, compression=compression).wait(timeout)
+        # Declared at submission: the comm thread polls as for a waited operation even
+        # if this thread loses its core on the way into wait().
+        return self._submit(tensor, op, compression, caller_waits=True).wait(timeout)
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to `timeout` s, default `PIPESGD_SHUTDOWN_SECONDS`),

@@ -91,6 +91,26 @@ for k, (h, b) in enumerate(zip(handles, buffers, strict=True)):
     assert np.all(b == sum(q + k for q in range(p))), k
 assert all(h.done() for h in handles)
 
+# A blocking allreduce counts its caller as waiting from submission until the operation
+# finishes (the comm thread polls for it as for a waited one); an async one does not.
+if p > 1:
+    a, b = np.ones(4, np.float32), np.full(4, r + 1.0, np.float32)
+    if r == 0:
+        first = engine.allreduce_async(a)
+        assert engine._engine.callers_waiting == 0
+        # what engine.allreduce(b, op="sum") submits: the peers have not, so both wait
+        second = engine._engine.allreduce(b.ctypes.data, 4, "float32", "sum", "none",
+                                          caller_waits=True)
+        assert engine._engine.callers_waiting == 1
+        comm.bcast("submitted", root=0)
+        assert second.wait(60.0) and first.wait(60) is a
+    else:
+        assert comm.bcast(None, root=0) == "submitted"
+        engine.allreduce_async(a).wait(60)
+        engine.allreduce(b, op="sum", timeout=60)
+    assert engine._engine.callers_waiting == 0
+    assert np.all(a == 1) and np.all(b == p * (p + 1) / 2), (a, b)
+
 engine.shutdown()
 if r == 0:
     print(f"engine_allreduce: p={p} segment={engine.segment_bytes} ok")
