@@ -63,7 +63,6 @@ void Operation::mark_running() {
     status_ = OpStatus::kRunning;
   }
   started = std::chrono::steady_clock::now();
-
   phase.store("starting");
 }
 
