@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -261,6 +262,9 @@ def main() -> int:
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="pipesgd bucket size")
     ap.add_argument("--ddp-bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
+    ap.add_argument("--comm-nice", type=int, default=-10,
+                    help="PIPESGD_COMM_NICE for the comm thread (0: the process's own; "
+                         "below 0 needs root or CAP_SYS_NICE, else ignored)")
     ap.add_argument("--nchw", action="store_true",
                     help="run the CNN in the default NCHW layout instead of channels_last")
     args = ap.parse_args()
@@ -271,6 +275,9 @@ def main() -> int:
 
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)
+    # Ranks share cores here: at a lower nice the comm thread gets its core back from
+    # a compute thread sooner, so a ring step waits less (BENCHMARKS.md, training).
+    os.environ["PIPESGD_COMM_NICE"] = str(args.comm_nice)
     pipesgd.init(comm)
     if "ddp" in configs:
         init_gloo(comm)
@@ -354,6 +361,7 @@ def main() -> int:
         payload = {
             "ranks": comm.size,
             "link_rate_bps": rate,
+            "comm_nice": args.comm_nice,
             "recipes": {m: dataclasses.asdict(r) for m, r in RECIPES.items()},
             "rows": rows,
             "communication_s": {f"{m}/{c}": t for (m, c), t in comm_s.items()},

@@ -129,7 +129,7 @@ void Engine::execute(Operation& op) {
 }
 
 void Engine::comm_thread_main() {
-  tune_comm_thread(config_.comm_slice_us);
+  tune_comm_thread(config_.comm_slice_us, config_.comm_nice);
   while (auto op = queue_.pop()) execute(*op);
   ctx_->close(/*clean=*/poisoned_.empty());
   drained_.set_value();

@@ -30,6 +30,8 @@ struct EnvConfig {
   int poll_while_waited = 1;
   // EEVDF slice the comm thread asks for (thread_sched.h); 0: the kernel's default.
   int comm_slice_us = 100;
+  // Nice value of the comm thread (thread_sched.h); 0: the process's own.
+  int comm_nice = 0;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
   // shutdown() lets in-flight operations finish for this long, then fails them.
@@ -38,7 +40,7 @@ struct EnvConfig {
 
 // PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_POLL_MAX_US,
 // PIPESGD_SPIN_US, PIPESGD_POLL_WHILE_WAITED,
-// PIPESGD_COMM_SLICE_US,
+// PIPESGD_COMM_SLICE_US, PIPESGD_COMM_NICE,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();
 

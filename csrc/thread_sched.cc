@@ -2,6 +2,7 @@
 
 #ifdef __linux__
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,10 +32,13 @@ struct SchedAttr {
 
 }  // namespace
 
-void tune_comm_thread(int slice_us) {
+void tune_comm_thread(int slice_us, int nice) {
 #ifdef __linux__
   prctl(PR_SET_NAME, "pipesgd-comm", 0UL, 0UL, 0UL);  // as top -H and /proc show it
   prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+  // On Linux a thread id names one thread to setpriority; a refusal (lowering
+  // nice without CAP_SYS_NICE) keeps the process's nice.
+  if (nice != 0) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice);
   if (slice_us <= 0) return;
   SchedAttr attr{};
   if (syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) != 0) return;
@@ -44,6 +48,7 @@ void tune_comm_thread(int slice_us) {
   syscall(SYS_sched_setattr, 0, &attr, 0);
 #else
   (void)slice_us;
+  (void)nice;
 #endif
 }
 

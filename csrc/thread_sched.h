@@ -12,8 +12,12 @@ namespace pipesgd {
 //   compute thread as soon as it wakes, instead of queueing behind it for a
 //   full slice. When ranks share cores, that queueing delayed every ring step
 //   by about 1.5 ms at p = 2 and 6.5 ms at p = 4 on 2 cores.
-// These are hints: nothing here needs privileges, older kernels accept and
-// ignore the slice, and a refusal (a seccomp filter) leaves the defaults.
-void tune_comm_thread(int slice_us);
+// - a nice value of `nice` when it is not 0: below 0 the comm thread wins the
+//   core from the compute threads more often when ranks share cores, so a ring
+//   step waits less for its CPU. Lowering nice needs CAP_SYS_NICE (or root);
+//   without it the thread keeps the process's nice.
+// These are hints: older kernels accept and ignore the slice, and a refusal
+// (a seccomp filter, missing privileges) leaves the defaults.
+void tune_comm_thread(int slice_us, int nice);
 
 }  // namespace pipesgd

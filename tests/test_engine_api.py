@@ -1,14 +1,19 @@
 """Single-process checks of the Python API: validation before queueing, handles,
 the default engine. (p = 1: MPI is initialized as a singleton in this process.)"""
 
+import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 import torch
 
 import pipesgd
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -167,26 +172,31 @@ def _slice_ns(task: Path) -> int | None:
     return next((int(ln.split(":")[1]) for ln in lines if ln.startswith("se.slice")), None)
 
 
-def _comm_thread_slices() -> dict[int, int | None]:
-    """Thread id -> se.slice (ns) of every thread named pipesgd-comm in this process."""
-    return {
-        int(task.name): _slice_ns(task)
-        for task in Path("/proc/self/task").iterdir()
-        if (task / "comm").read_text().strip() == "pipesgd-comm"
-    }
+def _comm_threads() -> list[Path]:
+    """/proc task folders of every thread named pipesgd-comm in this process."""
+    return [task for task in Path("/proc/self/task").iterdir()
+            if (task / "comm").read_text().strip() == "pipesgd-comm"]
 
 
-def _new_comm_thread_slice() -> int | None:
-    """se.slice of the comm thread of a new engine, read while it runs."""
-    before = _comm_thread_slices()
+def _new_comm_thread(read: Callable[[Path], T]) -> T:
+    """`read` of the task folder of a new engine's comm thread, while it runs."""
+    before = {task.name for task in _comm_threads()}
     e = pipesgd.Engine()
     try:
         e.allreduce(np.ones(4, np.float32))  # the thread has started and tuned itself
-        new = {tid: ns for tid, ns in _comm_thread_slices().items() if tid not in before}
+        new = {task.name: read(task) for task in _comm_threads() if task.name not in before}
     finally:
         e.shutdown()
     assert len(new) == 1, f"expected one new pipesgd-comm thread, found {new}"
     return next(iter(new.values()))
+
+
+def _new_comm_thread_slice() -> int | None:
+    return _new_comm_thread(_slice_ns)
+
+
+def _new_comm_thread_nice() -> int:
+    return _new_comm_thread(lambda task: os.getpriority(os.PRIO_PROCESS, int(task.name)))
 
 
 def _own_slice() -> int | None:
@@ -202,3 +212,18 @@ def test_comm_thread_asks_for_a_short_slice(monkeypatch) -> None:
     assert _new_comm_thread_slice() == 250_000
     monkeypatch.setenv("PIPESGD_COMM_SLICE_US", "0")
     assert _new_comm_thread_slice() == kernel_default
+
+
+def test_comm_thread_nice(monkeypatch) -> None:
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _new_comm_thread_nice() == own  # unset: the process's nice
+    raised = 5 if own < 5 else 19  # raising nice needs no privilege
+    monkeypatch.setenv("PIPESGD_COMM_NICE", str(raised))
+    assert _new_comm_thread_nice() == raised
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the calling thread keeps its own
+    if os.geteuid() == 0:  # lowering it needs the privilege
+        monkeypatch.setenv("PIPESGD_COMM_NICE", "-5")
+        assert _new_comm_thread_nice() == -5
+    monkeypatch.setenv("PIPESGD_COMM_NICE", "20")
+    with pytest.raises(ValueError, match=r"PIPESGD_COMM_NICE='20'.*\[-20"):
+        pipesgd.Engine()
