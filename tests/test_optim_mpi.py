@@ -6,7 +6,9 @@ import pytest
 from mpirun import run_mpi
 
 
-@pytest.mark.parametrize(("scenario", "np_"), [("sync", 2), ("delayed", 3), ("bitwise", 4)])
+@pytest.mark.parametrize(
+    ("scenario", "np_"), [("sync", 2), ("delayed", 3), ("ramp", 2), ("bitwise", 4)]
+)
 def test_matches_single_process_reference(scenario: str, np_: int) -> None:
     out = run_mpi(np_, "optim_semantics.py", scenario, timeout=120).stdout
     assert f"optim_semantics {scenario}: ok on {np_} ranks" in out, out

@@ -5,6 +5,8 @@ Usage: optim_semantics.py SCENARIO
   delayed  K = 2, 3 (with and without warm-up, both overlap modes, gradients lent from the
            buckets or made by model.zero_grad() + backward), SGD with momentum and
            weight decay, and Adam == an independent simulation of the delayed update.
+  ramp     K = 2 with warm-up, a learning-rate ramp into the stale updates and Nesterov
+           momentum (bench/train.py's CNN recipe) == the same simulation.
   bitwise  parameters identical across ranks for every compression.
 """
 
@@ -45,6 +47,8 @@ def shard(t: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def inner(kind: str, params) -> torch.optim.Optimizer:
+    if kind == "nesterov":
+        return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WD, nesterov=True)
     if kind == "sgd":
         return torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WD)
     return torch.optim.Adam(params, lr=LR / 10, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -64,11 +68,11 @@ def assert_identical_across_ranks(model: nn.Module, what: str) -> None:
 
 def train_distributed(kind: str, staleness: int, warmup: int, overlap: str,
                       compression: str = "none", steps: int = STEPS,
-                      zero: str = "optimizer") -> nn.Module:
+                      zero: str = "optimizer", ramp: int = 0) -> nn.Module:
     model = make_model()
     opt = DistributedOptimizer(inner(kind, model.parameters()), model.named_parameters(),
                                staleness=staleness, warmup_steps=warmup, overlap=overlap,
-                               compression=compression, bucket_mb=0.0002)
+                               compression=compression, bucket_mb=0.0002, ramp_steps=ramp)
     assert opt.buckets.num_buckets > 1
     for t in range(steps):
         x, y = shard(t, RANK)
@@ -80,9 +84,12 @@ def train_distributed(kind: str, staleness: int, warmup: int, overlap: str,
     return model
 
 
-def simulate_delayed(kind: str, staleness: int, warmup: int, steps: int = STEPS) -> list:
+def simulate_delayed(kind: str, staleness: int, warmup: int, steps: int = STEPS,
+                     ramp: int = 0) -> list:
     """Pipe-SGD by hand: gradient of iteration t (mean over the p shards, taken at the
-    weights of iteration t) is applied at step t + K_t - 1 with hand-written SGD / Adam."""
+    weights of iteration t) is applied at step t + K_t - 1 with hand-written SGD (heavy
+    ball or Nesterov) / Adam. With a ramp, the learning rate that applies the gradient of
+    a stale iteration t is scaled by min(1, (t - warmup + 1) / ramp)."""
     model = make_model()
     w = [p.detach().clone() for p in model.parameters()]
     due: dict[int, list[torch.Tensor]] = {}
@@ -102,15 +109,19 @@ def simulate_delayed(kind: str, staleness: int, warmup: int, steps: int = STEPS)
             for acc, p in zip(total, model.parameters(), strict=True):
                 acc += p.grad
         k = 1 if t < warmup else staleness
-        due[t + k - 1] = [acc / P for acc in total]
+        scale = 1.0 if k == 1 or ramp == 0 else min(1.0, (t - warmup + 1) / ramp)
+        due[t + k - 1] = ([acc / P for acc in total], scale)
         if t not in due:
             continue
-        g = [gi + WD * wi for gi, wi in zip(due.pop(t), w, strict=True)]
+        grad, scale = due.pop(t)
+        g = [gi + WD * wi for gi, wi in zip(grad, w, strict=True)]
         updates += 1
-        if kind == "sgd":
+        if kind in ("sgd", "nesterov"):
             momentum = g if momentum is None else [
                 MOMENTUM * b + gi for b, gi in zip(momentum, g, strict=True)]
-            w = [wi - LR * b for wi, b in zip(w, momentum, strict=True)]
+            direction = momentum if kind == "sgd" else [
+                gi + MOMENTUM * b for gi, b in zip(g, momentum, strict=True)]
+            w = [wi - LR * scale * d for wi, d in zip(w, direction, strict=True)]
         else:
             b1, b2 = BETAS
             m = [b1 * mi + (1 - b1) * gi for mi, gi in zip(m, g, strict=True)]
@@ -158,6 +169,15 @@ def scenario_delayed() -> None:
             assert_identical_across_ranks(model, what)
 
 
+def scenario_ramp() -> None:
+    # Warm-up 2, ramp 4: stale gradients 2..5 are applied at 1/4 .. 4/4 of the rate.
+    for kind, overlap in (("nesterov", "sequential"), ("sgd", "backward")):
+        what = f"{kind} K=2 warmup=2 ramp=4 {overlap}"
+        model = train_distributed(kind, 2, 2, overlap, ramp=4)
+        check_close(model, simulate_delayed(kind, 2, 2, ramp=4), what)
+        assert_identical_across_ranks(model, what)
+
+
 def scenario_bitwise() -> None:
     for compression in ("none", "trunc16", "quant8"):
         for overlap in ("sequential", "backward"):
@@ -165,7 +185,8 @@ def scenario_bitwise() -> None:
             assert_identical_across_ranks(model, f"{compression} {overlap}")
 
 
-{"sync": scenario_sync, "delayed": scenario_delayed, "bitwise": scenario_bitwise}[sys.argv[1]]()
+{"sync": scenario_sync, "delayed": scenario_delayed, "ramp": scenario_ramp,
+ "bitwise": scenario_bitwise}[sys.argv[1]]()
 pipesgd.shutdown()
 if RANK == 0:
     print(f"optim_semantics {sys.argv[1]}: ok on {P} ranks")
