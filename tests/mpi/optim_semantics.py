@@ -92,7 +92,7 @@ def simulate_delayed(kind: str, staleness: int, warmup: int, steps: int = STEPS,
     a stale iteration t is scaled by min(1, (t - warmup + 1) / ramp)."""
     model = make_model()
     w = [p.detach().clone() for p in model.parameters()]
-    due: dict[int, list[torch.Tensor]] = {}
+    due: dict[int, tuple[list[torch.Tensor], float]] = {}
     momentum: list[torch.Tensor] | None = None
     m = [torch.zeros_like(x) for x in w]
     v = [torch.zeros_like(x) for x in w]
