@@ -212,6 +212,12 @@ void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int pe
       op, peer, phase, /*teaches_spin=*/true);
 }
 
+void CommContext::wait_until(const std::function<bool()>& ready, Operation& op, int peer,
+                             const char* phase) {
+  poll_until([&](int* done) { *done = ready() ? 1 : 0; }, op, peer, phase,
+             /*teaches_spin=*/true);
+}
+
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {
   for (MPI_Request& req : reqs) {
     if (req == MPI_REQUEST_NULL) continue;

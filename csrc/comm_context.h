@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -91,6 +92,10 @@ class CommContext {
   void wait(MPI_Request& req, Operation& op, int peer, const char* phase,
             bool teaches_spin = true);
   void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
+  // Polls `ready` until it returns true, as wait() polls a request; `ready` may make
+  // progress itself (shared-memory links copy out what a neighbour has room for).
+  void wait_until(const std::function<bool()>& ready, Operation& op, int peer,
+                  const char* phase);
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).
   void broadcast_failure(const Operation& op, const std::string& message);

@@ -1,5 +1,6 @@
 #include "engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -63,6 +64,12 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
                                        while_waited);
   rank_ = ctx_->rank();
   size_ = ctx_->size();
+  if (shared_memory && size_ > 1 && config_.shm_links != 0) {
+    // Collective; every rank gets links or none, and without them MPI carries the data.
+    std::string why_not;
+    links_ = ShmLinks::create(ctx_->comm(), config_.segment_bytes,
+                              std::max(config_.window, 2), &why_not);
+  }
   thread_ = std::thread([this] { comm_thread_main(); });
 }
 
@@ -113,7 +120,7 @@ void Engine::execute(Operation& op) {
   }
   try {
     ctx_->note_progress();
-    ring_allreduce(*ctx_, workspace_, op);
+    ring_allreduce(*ctx_, workspace_, op, links_.get());
     op.complete();
   } catch (const OpFailure& e) {
     op.fail(e.kind(), e.what());

@@ -21,6 +21,7 @@
 #include "env.h"
 #include "op_queue.h"
 #include "operation.h"
+#include "shm_links.h"
 
 namespace pipesgd {
 
@@ -53,6 +54,8 @@ class Engine {
   int window() const { return config_.window; }
   WaitedPolling polling_while_waited() const { return ctx_->while_waited(); }
   bool is_shut_down() const { return shut_down_.load(); }
+  // Segments travel through shared-memory inboxes rather than MPI messages.
+  bool uses_shm_links() const { return links_ != nullptr; }
 
  private:
   void comm_thread_main();
@@ -65,6 +68,7 @@ class Engine {
   // polls as CommContext::while_waited() says instead of napping.
   std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;
+  std::unique_ptr<ShmLinks> links_;
   Workspace workspace_;
   OpQueue queue_;
   std::atomic<std::uint64_t> next_seq_{0};

@@ -32,6 +32,9 @@ struct EnvConfig {
   int comm_slice_us = 100;
   // Nice value of the comm thread (thread_sched.h); 0: the process's own.
   int comm_nice = 0;
+  // Between ranks that share a node, send segments through shared-memory inboxes
+  // (shm_links.h) instead of MPI messages. 0: MPI messages (Open MPI's CMA).
+  int shm_links = 1;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
   // shutdown() lets in-flight operations finish for this long, then fails them.
@@ -39,7 +42,7 @@ struct EnvConfig {
 };
 
 // PIPESGD_SEGMENT_BYTES, PIPESGD_RING_WINDOW, PIPESGD_POLL_US, PIPESGD_POLL_MAX_US,
-// PIPESGD_SPIN_US, PIPESGD_POLL_WHILE_WAITED,
+// PIPESGD_SPIN_US, PIPESGD_POLL_WHILE_WAITED, PIPESGD_SHM_LINKS,
 // PIPESGD_COMM_SLICE_US, PIPESGD_COMM_NICE,
 // PIPESGD_STALL_SECONDS, PIPESGD_SHUTDOWN_SECONDS.
 EnvConfig read_env_config();

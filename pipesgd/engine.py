@@ -117,6 +117,12 @@ class Engine:
         return int(self._engine.window)
 
     @property
+    def shm_links(self) -> bool:
+        """Whether segments travel through shared-memory inboxes between ranks on one node
+        (a user-space copy) rather than MPI messages (PIPESGD_SHM_LINKS=0 turns them off)."""
+        return bool(self._engine.shm_links)
+
+    @property
     def polling_while_waited(self) -> str:
         """How the comm thread polls MPI while a thread of this process is blocked in
         `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off):

@@ -1,5 +1,7 @@
 """Multi-rank engine tests: real mpirun processes with hard time limits."""
 
+from pathlib import Path
+
 import pytest
 from mpirun import run_mpi
 
@@ -12,6 +14,18 @@ def test_allreduce_matches_references(np_: int) -> None:
 def test_allreduce_small_segments() -> None:
     # 4 KiB segments: many segments per chunk, chunks of unequal segment counts.
     run_mpi(3, "engine_allreduce.py", "4096", timeout=240)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_allreduce_over_mpi_messages(np_: int) -> None:
+    # The path a ring takes across nodes (and when shared memory is refused): MPI messages.
+    run_mpi(np_, "engine_allreduce.py", timeout=240, env={"PIPESGD_SHM_LINKS": "0"})
+
+
+def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
+    before = {f.name for f in Path("/dev/shm").glob("pipesgd-*")}
+    run_mpi(3, "engine_allreduce.py", "65536", timeout=240)
+    assert {f.name for f in Path("/dev/shm").glob("pipesgd-*")} == before
 
 
 @pytest.mark.parametrize(

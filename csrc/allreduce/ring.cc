@@ -21,6 +21,12 @@
 // unchanged. Average divides once, at the end: by the owner before allgather
 // when uncompressed, by every rank after decompressing the same bytes otherwise.
 //
+// Over shared-memory links (shm_links.h) the segments travel through the right
+// neighbour's inbox instead of MPI messages: sends are queued in the order the
+// right neighbour will take them (step by step, segment by segment, which is the
+// order of its units) and copied out whenever it has a free slot, and each unit
+// is processed straight out of this rank's inbox. The header still goes by MPI.
+//
 // Mismatch detection: each rank sends a small header (sequence number, count,
 // dtype, op, compression) to its right neighbour alongside its first segments
 // and posts no data receive before the left neighbour's header matches its
@@ -30,6 +36,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,10 +100,11 @@ struct Unit {
 
 class RingRun {
  public:
-  RingRun(CommContext& ctx, Workspace& ws, Operation& op)
+  RingRun(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links)
       : ctx_(ctx),
         ws_(ws),
         op_(op),
+        links_(links),
         p_(ctx.size()),
         rank_(ctx.rank()),
         left_((rank_ - 1 + p_) % p_),
@@ -108,7 +117,11 @@ class RingRun {
   void run() {
     try {
       exchange_headers_and_start();
-      receive_and_reduce();
+      if (links_ != nullptr) {
+        receive_and_reduce_over_links();
+      } else {
+        receive_and_reduce();
+      }
       for (auto& per_chunk : rs_send_) sends_.insert(sends_.end(), per_chunk.begin(), per_chunk.end());
       rs_send_.clear();
       ctx_.wait_all(sends_, op_, right_, "waiting for the right neighbour to receive");
@@ -205,9 +218,9 @@ class RingRun {
       MPI_Request* req = &rs_send_[static_cast<std::size_t>(c0)][s];
       if (codec_) {
         codec_->encode(local_f32(off), n, area(c0, s));
-        post_send(0, area(c0, s), codec_->wire_bytes(n), req);
+        post_send(0, s, area(c0, s), codec_->wire_bytes(n), req);
       } else {
-        post_send(0, local(off), n * elem_, req);
+        post_send(0, s, local(off), n * elem_, req);
       }
     }
   }
@@ -215,7 +228,12 @@ class RingRun {
   // Within a step, segments are sent and received in increasing order, and
   // MPI keeps messages of one (source, tag) in order, so the n-th receive of a
   // step matches the n-th send of that step.
-  void post_send(int step, const void* buf, std::size_t bytes, MPI_Request* req) {
+  void post_send(int step, std::size_t seg, const void* buf, std::size_t bytes,
+                 MPI_Request* req) {
+    if (links_ != nullptr) {
+      outbox_.push_back(Outgoing{step, seg, buf, bytes});
+      return;
+    }
     PSG_MPI_CHECK(MPI_Isend(buf, static_cast<int>(bytes), MPI_BYTE, right_,
                             ctx_.data_tag(op_.seq, step), ctx_.comm(), req),
                   right_);
@@ -266,7 +284,7 @@ class RingRun {
                   left_);
   }
 
-  void process(const Unit& unit, unsigned char* received) {
+  void process(const Unit& unit, const unsigned char* received) {
     const int c = unit.chunk;
     const std::size_t s = unit.seg;
     const std::size_t off = layout_.segment_begin(c, s);
@@ -289,7 +307,7 @@ class RingRun {
         add_into(op_.dtype, local(off), received, n);
         if (final_rs && average) divide_by(op_.dtype, local(off), n, p_);
       }
-      if (forward) post_send(unit.step + 1, local(off), n * elem_, next_req);
+      if (forward) post_send(unit.step + 1, s, local(off), n * elem_, next_req);
       return;
     }
     unsigned char* out = area(c, s);
@@ -302,12 +320,92 @@ class RingRun {
     } else {
       codec_->decode(out, n, factor, local_f32(off));
     }
-    if (forward) post_send(unit.step + 1, out, codec_->wire_bytes(n), next_req);
+    if (forward) post_send(unit.step + 1, s, out, codec_->wire_bytes(n), next_req);
   }
+
+  std::size_t unit_bytes(const Unit& unit) const {
+    const std::size_t n = layout_.segment_len(unit.chunk, unit.seg);
+    return codec_ ? codec_->wire_bytes(n) : n * elem_;
+  }
+
+  // Shared-memory links: units arrive in this rank's unit order (see the top).
+  void receive_and_reduce_over_links() {
+    post_first_step_sends(SIZE_MAX);  // queued; copied out as the right neighbour has room
+    for (int step = 0; step < layout_.steps(); ++step) {
+      const int c = layout_.recv_chunk(step);
+      const bool rs = layout_.is_reduce_scatter(step);
+      for (std::size_t s = 0; s < layout_.segments(c); ++s) {
+        const Unit unit{step, c, s};
+        ctx_.wait_until([this] { return flush_outbox(), links_->peek() != nullptr; }, op_,
+                        left_, rs ? "reduce-scatter" : "allgather");
+        check_arrival(*links_->peek(), unit);
+        const unsigned char* data = links_->peek_data();
+        if (!rs) {
+          // Allgather lands in the segment's final home (the wire area when compressed,
+          // which process() decodes and forwards from).
+          unsigned char* home = codec_ ? area(c, s) : local(layout_.segment_begin(c, s));
+          std::memcpy(home, data, unit_bytes(unit));
+        }
+        process(unit, data);
+        links_->release();
+      }
+    }
+    ctx_.wait_until([this] { return flush_outbox(), outbox_.empty(); }, op_, right_,
+                    "waiting for the right neighbour to take the last segments");
+  }
+
+  // Copies queued sends into the right neighbour's free slots.
+  void flush_outbox() {
+    while (!outbox_.empty() && links_->can_send()) {
+      const Outgoing& out = outbox_.front();
+      if (out.bytes > links_->right_slot_bytes()) {
+        throw OpFailure(FailureKind::kMismatch,
+                        op_.describe() + ": a segment of " + std::to_string(out.bytes) +
+                            " bytes does not fit rank " + std::to_string(right_) +
+                            "'s shared-memory slots of " +
+                            std::to_string(links_->right_slot_bytes()) +
+                            " bytes; every rank must use the same PIPESGD_SEGMENT_BYTES");
+      }
+      ShmMessage message;
+      message.seq = op_.seq;
+      message.step = out.step;
+      message.segment = out.seg;
+      message.bytes = out.bytes;
+      links_->send(message, out.data);
+      outbox_.pop_front();
+    }
+  }
+
+  // The headers matched, so a segment that is not the expected one is a defect in
+  // the ring, not in the caller's submissions: fail loudly rather than add it.
+  void check_arrival(const ShmMessage& m, const Unit& unit) const {
+    if (m.seq == op_.seq && m.step == unit.step && m.segment == unit.seg &&
+        m.bytes == unit_bytes(unit)) {
+      return;
+    }
+    throw OpFailure(FailureKind::kMpi,
+                    op_.describe() + " on rank " + std::to_string(rank_) + " expected step " +
+                        std::to_string(unit.step) + " segment " + std::to_string(unit.seg) +
+                        " (" + std::to_string(unit_bytes(unit)) + " bytes) from rank " +
+                        std::to_string(left_) + " but found allreduce #" +
+                        std::to_string(m.seq) + " step " + std::to_string(m.step) +
+                        " segment " + std::to_string(m.segment) + " (" +
+                        std::to_string(m.bytes) + " bytes) in its shared-memory inbox");
+  }
+
+  // A send queued for the shared-memory links.
+  struct Outgoing {
+    int step;
+    std::size_t seg;
+    const void* data;
+    std::size_t bytes;
+  };
 
   CommContext& ctx_;
   Workspace& ws_;
   Operation& op_;
+  ShmLinks* const links_;  // nullptr: segments go by MPI
+  std::deque<Outgoing> outbox_;
   const int p_;
   const int rank_;
   const int left_;
@@ -334,7 +432,7 @@ class RingRun {
 
 }  // namespace
 
-void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op) {
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links) {
   if (op.compression != Compression::kNone && op.dtype != DType::kFloat32) {
     throw OpFailure(FailureKind::kInvalid, std::string("compression '") +
                                                compression_name(op.compression) +
@@ -342,7 +440,7 @@ void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op) {
   }
   // One rank: the sum is the data itself and the average divides by one.
   if (ctx.size() == 1) return;
-  RingRun(ctx, ws, op).run();
+  RingRun(ctx, ws, op, links).run();
 }
 
 }  // namespace pipesgd

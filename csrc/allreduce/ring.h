@@ -5,11 +5,14 @@
 #include "allreduce/workspace.h"
 #include "comm_context.h"
 #include "operation.h"
+#include "shm_links.h"
 
 namespace pipesgd {
 
 // Runs `op` to completion on ctx's communicator; every rank must call it for
-// the same sequence number. Throws OpFailure on mismatch, abort or MPI error.
-void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op);
+// the same sequence number. `links`: the ring neighbours' shared-memory links, or
+// nullptr to send segments as MPI messages. Throws OpFailure on mismatch, abort or
+// MPI error.
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links);
 
 }  // namespace pipesgd

@@ -3,7 +3,8 @@
 Checks, for counts {0, 1, p-1, 4, 1000, 10007, 2^20+3}, every dtype, sum and
 average: the result against a float64 numpy reference of all ranks' inputs,
 float32 against MPI's own Allreduce, bitwise equality across ranks, and many
-operations in flight at once. Usage: engine_allreduce.py [segment_bytes]
+operations in flight at once, over shared-memory links (the default on one node) or
+MPI messages (PIPESGD_SHM_LINKS=0). Usage: engine_allreduce.py [segment_bytes]
 """
 
 import hashlib
@@ -25,6 +26,9 @@ r, p = comm.rank, comm.size
 expected_polling = "spin" if p <= (os.cpu_count() or 1) else "yield"
 if "PIPESGD_POLL_WHILE_WAITED" not in os.environ:
     assert engine.polling_while_waited == expected_polling, engine.polling_while_waited
+# Segments go through shared-memory inboxes between ranks of one node, unless told not to.
+expected_links = p > 1 and os.environ.get("PIPESGD_SHM_LINKS", "1") != "0"
+assert engine.shm_links == expected_links, (engine.shm_links, expected_links)
 COUNTS = [0, 1, max(p - 1, 1), 4, 1000, 10007, 2**20 + 3]
 TOL = {"float32": 1e-6, "float64": 1e-13, "float16": 2e-3, "bfloat16": 1.6e-2}
 
