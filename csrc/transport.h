@@ -31,6 +31,7 @@ constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 // may land before its turn to be added: 8 posted segments of 256 KiB were more than
 // a core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (BENCHMARKS.md).
 // A network segment arrives at the link's pace, and more in flight keep it busy.
+// Over shared-memory links (shm_links.h) the window is the number of inbox slots.
 constexpr int kSharedMemoryWindow = 2;
 constexpr int kNetworkWindow = 8;
 
