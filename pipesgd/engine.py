@@ -79,10 +79,13 @@ class Engine:
     Args:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
         segment_bytes: bytes per ring segment, the same on every rank (default
-            `PIPESGD_SEGMENT_BYTES`, else 60 KiB over a network and, over shared memory,
-            L2 / window within [256 KiB, 1 MiB] with a core per rank, 1 MiB without).
-        window: ring receives posted ahead of the one being reduced (default
-            `PIPESGD_RING_WINDOW`, else 2 on shared memory and 8 over a network).
+            `PIPESGD_SEGMENT_BYTES`, else 256 KiB over shared-memory links, 60 KiB over
+            a network and, with MPI messages over shared memory, L2 / window within
+            [256 KiB, 1 MiB] with a core per rank, 1 MiB without).
+        window: ring receives posted ahead of the one being reduced, or slots of a
+            shared-memory inbox (default `PIPESGD_RING_WINDOW`, else 4 over
+            shared-memory links, 2 with MPI messages on shared memory and 8 over a
+            network).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
