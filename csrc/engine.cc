@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <stdexcept>
 
 #include "allreduce/ring.h"
@@ -76,6 +77,12 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
     std::string why_not;
     links_ = ShmLinks::create(ctx_->comm(), config_.segment_bytes,
                               std::max(config_.window, 2), &why_not);
+    if (!links_ && !why_not.empty()) {
+      std::fprintf(stderr,
+                   "pipesgd: rank %d: no shared-memory links (%s); ring segments go as MPI "
+                   "messages (PIPESGD_SHM_LINKS=0 silences this)\n",
+                   rank_, why_not.c_str());
+    }
   }
   thread_ = std::thread([this] { comm_thread_main(); });
 }

@@ -1,9 +1,12 @@
 """Multi-rank engine tests: real mpirun processes with hard time limits."""
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from mpirun import run_mpi
+from mpirun import SCRIPTS, mpi_env, mpirun_command, run_mpi
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
@@ -46,3 +49,19 @@ def test_stall_warning_names_the_operation_and_rank() -> None:
 
 def test_thread_level_below_multiple_is_refused() -> None:
     assert "ok" in run_mpi(1, "engine_thread_level.py", timeout=60).stdout
+
+
+def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
+    # /dev/shm of 900 KiB in a mount namespace of its own: the inboxes (1 MiB) do not fit.
+    if shutil.which("unshare") is None or subprocess.run(
+        ["unshare", "-m", "true"], capture_output=True, check=False
+    ).returncode != 0:
+        pytest.skip("needs unshare -m (root) to give the ranks a small /dev/shm")
+    launch = [*mpirun_command(2), sys.executable, str(SCRIPTS / "shm_fallback.py")]
+    script = 'mount -t tmpfs -o size=900k tmpfs /dev/shm && exec "$@"'
+    out = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *launch],
+                         capture_output=True, text=True, errors="replace", env=mpi_env(),
+                         timeout=120, check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "shm_fallback: ok" in text, text
+    assert "no shared-memory links (posix_fallocate" in text, text
