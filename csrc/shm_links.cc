@@ -120,7 +120,8 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
   links->slots_ = slots;
   links->in_stride_ = kLine + round_up(slot_bytes);
   const std::string mine = inbox_name(token, rank);
-  const std::size_t inbox_bytes = kControlBytes + static_cast<std::size_t>(slots) * links->in_stride_;
+  const std::size_t inbox_bytes =
+      kControlBytes + static_cast<std::size_t>(slots) * links->in_stride_;
   links->inbox_.base = create_inbox(mine, inbox_bytes, why_not);
   if (links->inbox_.base != nullptr) {
     links->inbox_.bytes = inbox_bytes;

@@ -151,7 +151,9 @@ class RingRun {
     const std::size_t slot_bytes = round_up(codec_ ? codec_->wire_bytes(seg) : seg * elem_);
     slot_stride_ = slot_bytes;
     // Over shared-memory links segments are processed in the inbox itself.
-    if (links_ == nullptr) slots_ = ws_.receive_slots(slot_bytes * static_cast<std::size_t>(window_));
+    if (links_ == nullptr) {
+      slots_ = ws_.receive_slots(slot_bytes * static_cast<std::size_t>(window_));
+    }
     if (!codec_) return;
     // One wire area per (chunk, segment): it holds what this rank sends for
     // that segment and, in allgather, the final bytes it receives and forwards.
