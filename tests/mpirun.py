@@ -47,14 +47,16 @@ def run_mpi(
     env: dict[str, str] | None = None,
     expect_success: bool = True,
     python: bool = True,
+    prefix: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `mpirun -n np python script args...` (or a program, with python=False);
-    fail with its output if it fails or hangs."""
+    fail with its output if it fails or hangs. `prefix` runs mpirun through another
+    command (e.g. one that sets up a mount namespace and then execs its arguments)."""
     path = Path(script)
     if not path.is_absolute():
         path = SCRIPTS / path
     program = [sys.executable, str(path)] if python else [str(path)]
-    cmd = [*mpirun_command(np), *program, *args]
+    cmd = [*(prefix or []), *mpirun_command(np), *program, *args]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

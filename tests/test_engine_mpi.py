@@ -2,11 +2,10 @@
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from mpirun import SCRIPTS, mpi_env, mpirun_command, run_mpi
+from mpirun import run_mpi
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
@@ -57,11 +56,8 @@ def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
         ["unshare", "-m", "true"], capture_output=True, check=False
     ).returncode != 0:
         pytest.skip("needs unshare -m (root) to give the ranks a small /dev/shm")
-    launch = [*mpirun_command(2), sys.executable, str(SCRIPTS / "shm_fallback.py")]
     script = 'mount -t tmpfs -o size=900k tmpfs /dev/shm && exec "$@"'
-    out = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *launch],
-                         capture_output=True, text=True, errors="replace", env=mpi_env(),
-                         timeout=120, check=False)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0 and "shm_fallback: ok" in text, text
-    assert "no shared-memory links (posix_fallocate" in text, text
+    out = run_mpi(2, "shm_fallback.py", timeout=120,
+                  prefix=["unshare", "-m", "sh", "-c", script, "sh"]).stdout
+    assert "shm_fallback: ok" in out, out
+    assert "no shared-memory links (posix_fallocate" in out, out
