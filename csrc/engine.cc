@@ -48,9 +48,7 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   // Collective: asked on every rank, whatever each rank's environment says.
   const RingTransport transport = describe_ring_transport(dup);
   const bool shared_memory = transport.shared_memory;
-  int size = 1;
-  PSG_MPI_CHECK(MPI_Comm_size(dup, &size), -1);
-  const bool want_links = shared_memory && size > 1 && config_.shm_links != 0;
+  const bool want_links = shared_memory && transport.ranks > 1 && config_.shm_links != 0;
   if (want_links) {
     if (config_.window == 0) config_.window = kShmLinkWindow;
     if (config_.segment_bytes == 0) config_.segment_bytes = kShmLinkSegmentBytes;

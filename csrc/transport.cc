@@ -63,6 +63,7 @@ RingTransport describe_ring_transport(MPI_Comm comm) {
   long agreed[3] = {0, 0, 0};
   PSG_MPI_CHECK(MPI_Allreduce(mine, agreed, 3, MPI_LONG, MPI_MIN, comm), -1);
   RingTransport transport;
+  transport.ranks = size;
   transport.shared_memory = agreed[0] != 0;
   transport.core_per_rank = agreed[1] != 0;
   transport.l2_cache_bytes = agreed[2] == LONG_MAX ? 0 : static_cast<std::size_t>(agreed[2]);

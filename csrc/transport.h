@@ -50,6 +50,8 @@ struct RingTransport {
   bool core_per_rank = false;
   // The smallest per-core L2 cache of all ranks; 0 if no rank could tell.
   std::size_t l2_cache_bytes = 0;
+  // Ranks in the ring.
+  int ranks = 1;
 };
 
 // The shared-memory segment for `transport` and `window` (see above); the same on
