@@ -9,6 +9,11 @@ Or over emulated per-rank links (root; see bench/netem.py), with compression:
 
     python bench/allreduce.py --netem 1gbit --np 4 --sizes 1MiB,8MiB,64MiB
 
+Or as N separate launches (a new `mpirun` each; bench/launches.py says why), which
+reports every launch's median against MPI's in the same launch:
+
+    python bench/allreduce.py --launches 20 --np 2      # 1, 16 and 64 MiB, pipesgd and MPI
+
 Time per size is the median over repetitions of the slowest rank's time, each
 repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)/p
 (the bytes each rank's link carries, as in nccl-tests).
@@ -17,6 +22,7 @@ repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -28,13 +34,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import format_size, init_gloo, link_rate_bps, parse_size, print_table, write_json
+from launches import run_launches
 
 DEFAULT_SIZES = "64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB"
+LAUNCH_SIZES = "1MiB,16MiB,64MiB"
+# Launch-series targets: every launch within this factor of the fastest launch, and
+# from LAUNCH_FLOOR_BYTES up the slowest launch at least as fast as MPI in that launch.
+LAUNCH_SPREAD = 1.3
+LAUNCH_FLOOR_BYTES = 16 * 2**20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated buffer sizes")
+    ap.add_argument("--sizes", help=f"comma-separated buffer sizes (default {DEFAULT_SIZES}; "
+                    f"with --launches {LAUNCH_SIZES})")
     ap.add_argument("--repeat", type=int, default=10, help="timed repetitions per size")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--settle-ms", type=float, default=2.0,
@@ -50,7 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also time one engine per ring window (e.g. 8,2), uncompressed, "
                          "interleaved with the rest")
     ap.add_argument("--netem", metavar="RATE", help="run over emulated per-rank links (root)")
-    ap.add_argument("--np", type=int, default=2, help="ranks, with --netem")
+    ap.add_argument("--np", type=int, default=2, help="ranks, with --netem or --launches")
+    ap.add_argument("--launches", type=int, default=0, metavar="N",
+                    help="run N separate mpirun jobs and judge the spread between them")
+    ap.add_argument("--record", metavar="PATH", help=argparse.SUPPRESS)  # one launch's records
     ap.add_argument("--latency", default="0ms", help="added one-way latency, with --netem")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
     return ap.parse_args(argv)
@@ -90,6 +106,100 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
         *rank_argv,
     ]
     return subprocess.call(cmd)
+
+
+def strip_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv without the options `names` and their values."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in names:
+            skip = True
+        elif not a.startswith(tuple(f"{n}=" for n in names)):
+            out.append(a)
+    return out
+
+
+def run_launch_series(args: argparse.Namespace, argv: list[str]) -> int:
+    """Runs this benchmark in `args.launches` separate mpirun jobs of `args.np` ranks,
+    prints each size's spread over launches and its ratio to MPI, writes
+    allreduce_launches_p{P}.json and .png; returns 1 if a target is missed."""
+    child = strip_options(argv, ("--launches", "--np", "--sizes", "--impl", "--tag"))
+    child += ["--sizes", args.sizes or LAUNCH_SIZES, "--impl", "pipesgd,mpi"]
+    per_launch = run_launches(Path(__file__).resolve(), args.np, args.launches, child)
+    rows, summary, verdicts = summarize_launches(per_launch)
+    p = args.np
+    print_table(rows, f"AllReduce over {args.launches} launches, p = {p}, float32, "
+                f"per-launch medians of {args.repeat} repetitions")
+    for line in verdicts:
+        print(line)
+    tag = f"_{args.tag}" if args.tag else ""
+    path = write_json(f"allreduce_launches_p{p}{tag}.json", {
+        "p": p, "launches": per_launch, "summary": summary, "targets": verdicts,
+        "command": " ".join([Path(sys.argv[0]).name, *argv]),
+    })
+    plot_launches(summary, p, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 1 if any(v.endswith("FAIL") for v in verdicts) else 0
+
+
+def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[dict], list[str]]:
+    """Table rows, a JSON summary and target verdicts from each launch's records."""
+    rows, summary, verdicts = [], [], []
+    for nbytes in sorted({r["bytes"] for launch in per_launch for r in launch}):
+        mine, mpi = [], []
+        for launch in per_launch:
+            by = {r["impl"]: r["time_s"] for r in launch if r["bytes"] == nbytes}
+            mine.append(by["pipesgd"])
+            mpi.append(by["mpi"])
+        fastest, slowest = min(mine), max(mine)
+        worst_launch = mine.index(slowest)
+        slowest_vs_mpi = mpi[worst_launch] / slowest  # > 1: pipesgd faster than MPI
+        spread = slowest / fastest
+        summary.append({"bytes": nbytes, "pipesgd_s": mine, "mpi_s": mpi,
+                        "spread": spread, "slowest_vs_mpi": slowest_vs_mpi})
+        rows.append({
+            "size": format_size(nbytes),
+            "pipesgd fastest ms": fastest * 1e3,
+            "median ms": statistics.median(mine) * 1e3,
+            "slowest ms": slowest * 1e3,
+            "slowest/fastest": spread,
+            "MPI median ms": statistics.median(mpi) * 1e3,
+            "MPI/pipesgd, slowest launch": slowest_vs_mpi,
+            "MPI/pipesgd, worst": min(m / t for m, t in zip(mpi, mine, strict=True)),
+        })
+        verdicts.append(f"{format_size(nbytes)}: slowest / fastest launch = {spread:.2f} "
+                        f"(target <= {LAUNCH_SPREAD}) "
+                        f"{'PASS' if spread <= LAUNCH_SPREAD else 'FAIL'}")
+        if nbytes >= LAUNCH_FLOOR_BYTES:
+            verdicts.append(f"{format_size(nbytes)}: slowest launch's speed / MPI's in that "
+                            f"launch = {slowest_vs_mpi:.2f} (target >= 1.0) "
+                            f"{'PASS' if slowest_vs_mpi >= 1.0 else 'FAIL'}")
+    return rows, summary, verdicts
+
+
+def plot_launches(summary: list[dict], p: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summary), figsize=(3.2 * len(summary), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], summary, strict=True):
+        launches = range(1, len(s["pipesgd_s"]) + 1)
+        ax.plot(launches, [t * 1e3 for t in s["pipesgd_s"]], "o", label="pipesgd")
+        ax.plot(launches, [t * 1e3 for t in s["mpi_s"]], "x", label="MPI Allreduce")
+        ax.set_title(format_size(s["bytes"]))
+        ax.set_xlabel("launch")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("per-launch median (ms)")
+    axes[0][0].legend()
+    fig.suptitle(f"AllReduce, p = {p}: one point per mpirun launch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: Callable[[], None],
@@ -147,7 +257,7 @@ def run(args: argparse.Namespace) -> None:
     dist = init_gloo(comm) if "gloo" in impls else None
     rate = link_rate_bps()
     rows, records = [], []
-    for nbytes in (parse_size(s) for s in args.sizes.split(",")):
+    for nbytes in (parse_size(s) for s in (args.sizes or DEFAULT_SIZES).split(",")):
         n = nbytes // 4
         original = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
         buf = original.copy()
@@ -194,7 +304,9 @@ def run(args: argparse.Namespace) -> None:
                 row["bound/time"] = bound / t
             records.append(record)
             rows.append(row)
-    if rank == 0:
+    if rank == 0 and args.record:
+        Path(args.record).write_text(json.dumps(records))
+    elif rank == 0:
         where = f"emulated {rate / 1e9:g} Gbit/s links" if rate else "this machine"
         print_table(rows, f"AllReduce, p = {p}, float32, {where}")
         verdicts = check_targets(records, p, rate)
@@ -281,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.netem:
         return relaunch_over_netem(args, argv)
+    if args.launches:
+        return run_launch_series(args, argv)
     run(args)
     return 0
 

@@ -17,6 +17,18 @@ namespace {
 constexpr int kControlTag = 1;
 constexpr int kFirstOpTag = 2;
 constexpr int kControlBytes = 4096;
+// Longest sleep on a link's doorbell between checks of the control channel.
+constexpr int kLinkSleepUs = 1000;
+
+// Tells the core this is a spin-wait: a sibling hardware thread gets its execution
+// resources, and leaving the loop does not flush the pipeline.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 void sleep_for_us(int us) {
   if (us <= 0) return;
@@ -38,9 +50,10 @@ const char* waited_polling_name(WaitedPolling polling) {
 }
 
 CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
+                         bool core_per_rank,
                          std::shared_ptr<const std::atomic<int>> callers_waiting,
                          WaitedPolling while_waited)
-    : comm_(comm), config_(config), shared_memory_(shared_memory),
+    : comm_(comm), config_(config), shared_memory_(shared_memory), core_per_rank_(core_per_rank),
       callers_waiting_(std::move(callers_waiting)), while_waited_(while_waited),
       control_buf_(kControlBytes),
       sleep_us_(config.poll_us),
@@ -122,8 +135,8 @@ void CommContext::request_abort(const std::string& reason) {
   abort_requested_.store(true);
 }
 
-int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us,
-                           std::chrono::steady_clock::time_point now) {
+void CommContext::check_health(Operation& op, int peer, const char* phase,
+                               std::chrono::steady_clock::time_point now) {
   check_control(op);
   if (abort_requested_.load()) {
     std::lock_guard<std::mutex> lock(abort_mutex_);
@@ -147,6 +160,11 @@ int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep
       std::fflush(stderr);
     }
   }
+}
+
+int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us,
+                           std::chrono::steady_clock::time_point now) {
+  check_health(op, peer, phase, now);
   if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) {
     return 0;
   }
@@ -212,10 +230,24 @@ void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int pe
       op, peer, phase, /*teaches_spin=*/true);
 }
 
-void CommContext::wait_until(const std::function<bool()>& ready, Operation& op, int peer,
-                             const char* phase) {
-  poll_until([&](int* done) { *done = ready() ? 1 : 0; }, op, peer, phase,
-             /*teaches_spin=*/true);
+void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& ready,
+                               Operation& op, int peer, const char* phase) {
+  op.waiting_on.store(peer);
+  op.phase.store(phase);
+  const auto spin = std::chrono::microseconds(core_per_rank_ ? config_.spin_us : 0);
+  for (;;) {
+    if (ready()) break;
+    const auto now = std::chrono::steady_clock::now();
+    check_health(op, peer, phase, now);
+    if (now - last_progress_ < spin) {
+      cpu_relax();
+      continue;
+    }
+    // The doorbell wakes it at once; the timeout only bounds how late it notices a
+    // peer's failure report, an abort or a stall.
+    if (links.sleep_unless(ready, kLinkSleepUs)) break;
+  }
+  last_progress_ = std::chrono::steady_clock::now();
 }
 
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {

@@ -36,6 +36,7 @@
 
 #include "env.h"
 #include "operation.h"
+#include "shm_links.h"
 
 namespace pipesgd {
 
@@ -62,10 +63,11 @@ const char* waited_polling_name(WaitedPolling polling);
 class CommContext {
  public:
   // Takes ownership of `comm` (already duplicated by the caller). `shared_memory`:
-  // the ring's neighbours are reached through shared memory (transport.h).
+  // the ring's neighbours are reached through shared memory (transport.h);
+  // `core_per_rank`: every rank of the node has a core of its own.
   // `callers_waiting`: how many threads are blocked waiting for an operation; while
   // any is, polling does `while_waited` instead of sleeping.
-  CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
+  CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory, bool core_per_rank,
               std::shared_ptr<const std::atomic<int>> callers_waiting,
               WaitedPolling while_waited);
   ~CommContext();
@@ -92,10 +94,13 @@ class CommContext {
   void wait(MPI_Request& req, Operation& op, int peer, const char* phase,
             bool teaches_spin = true);
   void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
-  // Polls `ready` until it returns true, as wait() polls a request; `ready` may make
-  // progress itself (shared-memory links copy out what a neighbour has room for).
-  void wait_until(const std::function<bool()>& ready, Operation& op, int peer,
-                  const char* phase);
+  // Waits until `ready` returns true; `ready` may make progress itself (copy out what
+  // the right neighbour has room for). Tests without pause for spin_us after the last
+  // progress when every rank has a core, then sleeps on the link's doorbell, which a
+  // neighbour rings when it publishes or frees a slot (shm_links.h). Never a timed
+  // nap: a nap adds the neighbour's lateness, a spin takes its CPU time.
+  void wait_on_link(ShmLinks& links, const std::function<bool()>& ready, Operation& op,
+                    int peer, const char* phase);
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).
   void broadcast_failure(const Operation& op, const std::string& message);
@@ -128,7 +133,10 @@ class CommContext {
 
  private:
   void post_control_receive();
-  // Checks for failures and stalls, then sleeps unless spinning pays; returns the
+  // Throws if a peer reported a failure or abort() was called; warns once of a stall.
+  void check_health(Operation& op, int peer, const char* phase,
+                    std::chrono::steady_clock::time_point now);
+  // Checks health, then sleeps unless spinning pays; returns the
   // microseconds it asked to sleep (0: it did not). `now`: when the last test failed.
   int poll_once(Operation& op, int peer, const char* phase, int sleep_us,
                 std::chrono::steady_clock::time_point now);
@@ -152,6 +160,7 @@ class CommContext {
   int tags_per_op_ = 3;
   EnvConfig config_;
   bool shared_memory_;
+  bool core_per_rank_;
   std::shared_ptr<const std::atomic<int>> callers_waiting_;
   WaitedPolling while_waited_;
   MPI_Request control_req_ = MPI_REQUEST_NULL;

@@ -66,8 +66,8 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   if (config_.poll_while_waited != 0 && shared_memory) {
     while_waited = transport.core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;
   }
-  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, callers_waiting_,
-                                       while_waited);
+  ctx_ = std::make_unique<CommContext>(dup, config_, shared_memory, transport.core_per_rank,
+                                       callers_waiting_, while_waited);
   rank_ = ctx_->rank();
   size_ = ctx_->size();
   if (want_links) {
@@ -162,6 +162,7 @@ void Engine::shutdown(double timeout_s) {
   auto drained = drained_.get_future();
   if (drained.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
     ctx_->request_abort("was aborted by shutdown() after " + std::to_string(timeout_s) + " s");
+    if (links_) links_->wake_self();
   }
   thread_.join();
 }

@@ -3,7 +3,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include <cerrno>
 #include <chrono>
@@ -19,15 +24,24 @@ namespace {
 constexpr std::size_t kLine = 64;
 
 // The inbox's first lines: the counters on lines of their own (the sender writes
-// head, the receiver tail), then what the sender must know about the slots.
+// head, the receiver tail), the owner's doorbell, then what the sender must know
+// about the slots. Lines are 128 bytes apart: the adjacent-line prefetchers of
+// current x86 cores move lines in pairs.
+constexpr std::size_t kPair = 2 * kLine;
 struct Control {
-  alignas(kLine) std::atomic<std::uint64_t> head{0};  // messages published
-  alignas(kLine) std::atomic<std::uint64_t> tail{0};  // messages released
-  alignas(kLine) std::uint64_t slot_bytes = 0;
+  alignas(kPair) std::atomic<std::uint64_t> head{0};  // messages published
+  alignas(kPair) std::atomic<std::uint64_t> tail{0};  // messages released
+  // The futex word neighbours ring, and whether the owner sleeps on it.
+  alignas(kPair) std::atomic<std::uint32_t> bell{0};
+  std::atomic<std::uint32_t> sleeping{0};
+  alignas(kPair) std::uint64_t slot_bytes = 0;
   std::uint64_t slots = 0;
 };
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
               "shared-memory counters must be lock-free to work across processes");
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
+              "the doorbell is used as a futex word");
 static_assert(sizeof(ShmMessage) <= kLine, "a slot's message header fits one line");
 
 constexpr std::size_t round_up(std::size_t x) { return (x + kLine - 1) / kLine * kLine; }
@@ -93,6 +107,42 @@ void* map_inbox(const std::string& name, std::size_t* bytes, std::string* why_no
   return base == MAP_FAILED ? nullptr : base;
 }
 
+// Shared (not process-private) futex operations: the word lives in a mapping that
+// other processes share. Elsewhere than Linux a sleep is a short nap.
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, int timeout_us) {
+  timespec ts{};
+  ts.tv_sec = timeout_us / 1000000;
+  ts.tv_nsec = static_cast<long>(timeout_us % 1000000) * 1000L;
+#ifdef __linux__
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr,
+          0);
+#else
+  (void)word;
+  (void)expected;
+  ts.tv_sec = 0;
+  ts.tv_nsec = 50000L;
+  nanosleep(&ts, nullptr);
+#endif
+}
+
+void futex_wake(std::atomic<std::uint32_t>* word) {
+#ifdef __linux__
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+// Rings `c`'s doorbell if its owner sleeps. The caller's last store (a counter) and
+// the fence order against the owner's `sleeping` store and fence in sleep_unless():
+// either the owner's ready() sees the new counter or this sees it sleeping.
+void ring(Control* c) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (c->sleeping.load(std::memory_order_relaxed) == 0) return;
+  c->bell.fetch_add(1, std::memory_order_release);
+  futex_wake(&c->bell);
+}
+
 bool all_ranks(MPI_Comm comm, bool mine) {
   int ok = mine ? 1 : 0, all = 0;
   PSG_MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm), -1);
@@ -135,8 +185,12 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
     return nullptr;  // the destructor unmaps
   }
   const std::string right = inbox_name(token, (rank + 1) % size);
+  const std::string left = inbox_name(token, (rank + size - 1) % size);
   links->outbox_.base = map_inbox(right, &links->outbox_.bytes, why_not);
-  bool mapped = links->outbox_.base != nullptr;
+  if (links->outbox_.base != nullptr) {
+    links->left_inbox_.base = map_inbox(left, &links->left_inbox_.bytes, why_not);
+  }
+  bool mapped = links->outbox_.base != nullptr && links->left_inbox_.base != nullptr;
   if (mapped) {
     const Control* c = control(links->outbox_.base);
     links->out_capacity_ = c->slot_bytes;
@@ -145,7 +199,7 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
              kControlBytes + c->slots * links->out_stride_ <= links->outbox_.bytes;
     if (!mapped) *why_not = "the right neighbour's inbox has another layout";
   }
-  // Every rank has mapped its right neighbour's inbox once this returns, so the
+  // Every rank has mapped its neighbours' inboxes once this returns, so the
   // names can go: nothing is left behind in /dev/shm, whatever happens later.
   const bool ok = all_ranks(comm, mapped);
   shm_unlink(mine.c_str());
@@ -159,6 +213,7 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
 ShmLinks::~ShmLinks() {
   if (inbox_.base != nullptr) munmap(inbox_.base, inbox_.bytes);
   if (outbox_.base != nullptr) munmap(outbox_.base, outbox_.bytes);
+  if (left_inbox_.base != nullptr) munmap(left_inbox_.base, left_inbox_.bytes);
 }
 
 bool ShmLinks::can_send() const {
@@ -172,6 +227,7 @@ void ShmLinks::send(const ShmMessage& message, const void* data) {
   if (message.bytes > 0) std::memcpy(slot + kLine, data, message.bytes);
   ++sent_;
   control(outbox_.base)->head.store(sent_, std::memory_order_release);
+  ring(control(outbox_.base));
 }
 
 const ShmMessage* ShmLinks::peek() const {
@@ -186,6 +242,27 @@ const unsigned char* ShmLinks::peek_data() const {
 void ShmLinks::release() {
   ++received_;
   control(inbox_.base)->tail.store(received_, std::memory_order_release);
+  ring(control(left_inbox_.base));  // the left neighbour may wait for room
+}
+
+bool ShmLinks::sleep_unless(const std::function<bool()>& ready, int timeout_us) {
+  Control* c = control(inbox_.base);
+  const std::uint32_t rung = c->bell.load(std::memory_order_acquire);
+  c->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (ready()) {
+    c->sleeping.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  futex_wait(&c->bell, rung, timeout_us);
+  c->sleeping.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+void ShmLinks::wake_self() {
+  Control* c = control(inbox_.base);
+  c->bell.fetch_add(1, std::memory_order_release);
+  futex_wake(&c->bell);
 }
 
 }  // namespace pipesgd

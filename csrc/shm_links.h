@@ -13,6 +13,15 @@
 // m - slots, and the receiver consumes messages strictly in order. The counters
 // never wrap (64 bits) and outlive operations, so the next operation's first
 // segments may already wait behind this one's last.
+//
+// Waiting blocks in the kernel instead of spinning (docs/engine.md, "Waiting on a
+// link"): a push link moves data only while the sending rank runs, so a rank that
+// spins for its neighbour takes the very CPU time the neighbour needs whenever the
+// two do not run at once (ranks sharing a core, a hypervisor time-sharing the
+// virtual CPUs). Each inbox carries a doorbell, a futex word that both neighbours
+// ring: the left after publishing into it, the right after releasing a slot of its
+// own inbox (room for this rank's sends). A rank that found nothing to do sleeps on
+// its own doorbell; the neighbours ring it only when it says it sleeps.
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +29,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -63,6 +73,13 @@ class ShmLinks {
   // Frees the oldest message's slot for the left neighbour.
   void release();
 
+  // Sleeps until a neighbour rings this rank's doorbell or `timeout_us` passes,
+  // unless `ready()` (called after this rank has said it sleeps, so no ring is
+  // lost in between) is already true. Returns ready()'s answer when it did not sleep.
+  bool sleep_unless(const std::function<bool()>& ready, int timeout_us);
+  // Wakes this rank's own sleeping comm thread (shutdown, from another thread).
+  void wake_self();
+
  private:
   struct Mapping {
     void* base = nullptr;
@@ -71,7 +88,8 @@ class ShmLinks {
   ShmLinks() = default;
 
   Mapping inbox_;
-  Mapping outbox_;  // the right neighbour's inbox
+  Mapping outbox_;      // the right neighbour's inbox
+  Mapping left_inbox_;  // the left neighbour's inbox: only its doorbell is used
   int slots_ = 0;
   std::size_t in_stride_ = 0;
   std::size_t out_stride_ = 0;

@@ -61,3 +61,8 @@ def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
                   prefix=["unshare", "-m", "sh", "-c", script, "sh"]).stdout
     assert "shm_fallback: ok" in out, out
     assert "no shared-memory links (posix_fallocate" in out, out
+
+
+def test_a_rank_waiting_on_a_link_gives_its_cpu_away() -> None:
+    out = run_mpi(2, "link_waiting.py", timeout=120).stdout
+    assert "link_waiting: ok" in out, out

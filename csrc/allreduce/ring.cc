@@ -87,6 +87,8 @@ bool headers_match(const Header& a, const Header& b) {
 }
 
 constexpr std::size_t kAlign = 64;
+// The step a header travels under on shared-memory links, ahead of the data.
+constexpr int kHeaderStep = -1;
 // Segments per ring step from which an operation streams (CommContext::set_streaming).
 constexpr std::size_t kStreamingSegments = 4;
 std::size_t round_up(std::size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -115,13 +117,13 @@ class RingRun {
         window_(std::max(1, ctx.config().window)) {}
 
   void run() {
+    if (links_ != nullptr) {
+      run_over_links();  // no MPI request is ever posted on this path
+      return;
+    }
     try {
       exchange_headers_and_start();
-      if (links_ != nullptr) {
-        receive_and_reduce_over_links();
-      } else {
-        receive_and_reduce();
-      }
+      receive_and_reduce();
       for (auto& per_chunk : rs_send_) sends_.insert(sends_.end(), per_chunk.begin(), per_chunk.end());
       rs_send_.clear();
       ctx_.wait_all(sends_, op_, right_, "waiting for the right neighbour to receive");
@@ -181,28 +183,37 @@ class RingRun {
     PSG_MPI_CHECK(MPI_Isend(&mine_, sizeof(Header), MPI_BYTE, right_, ctx_.header_tag(op_.seq),
                             ctx_.comm(), &header_send_),
                   right_);
-    prepare_buffers();
-    ctx_.set_streaming(layout_.segments(0) >= kStreamingSegments);
-    rs_send_.assign(static_cast<std::size_t>(p_), {});
-    for (int c = 0; c < p_; ++c) {
-      rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);
-    }
+    start_sends();
     // Step 0 sends this rank's own data; they need nothing from anyone, but
     // are released gradually (post_first_step_sends) so the right neighbour is
     // never flooded with segments it has not posted receives for yet.
     post_first_step_sends(static_cast<std::size_t>(window_));
     ctx_.wait(header_recv_, op_, left_, "waiting for the operation header",
               /*teaches_spin=*/false);
-    if (!headers_match(mine_, theirs_)) {
-      const std::string message =
-          "collective mismatch at " + std::string("allreduce #") + std::to_string(op_.seq) +
-          ": rank " + std::to_string(rank_) + " submitted " + header_shape(mine_) +
-          " but its left neighbour rank " + std::to_string(left_) + " submitted " +
-          (theirs_.magic == kHeaderMagic ? header_shape(theirs_) : std::string("garbage")) +
-          "; every rank must submit the same operations in the same order";
-      ctx_.broadcast_failure(op_, message);
-      throw OpFailure(FailureKind::kMismatch, message);
+    check_headers(/*theirs_valid=*/true);
+  }
+
+  void start_sends() {
+    prepare_buffers();
+    ctx_.set_streaming(layout_.segments(0) >= kStreamingSegments);
+    rs_send_.assign(static_cast<std::size_t>(p_), {});
+    for (int c = 0; c < p_; ++c) {
+      rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);
     }
+  }
+
+  // Fails every rank unless the left neighbour's header matches this rank's own.
+  void check_headers(bool theirs_valid) {
+    if (theirs_valid && headers_match(mine_, theirs_)) return;
+    const std::string message =
+        "collective mismatch at " + std::string("allreduce #") + std::to_string(op_.seq) +
+        ": rank " + std::to_string(rank_) + " submitted " + header_shape(mine_) +
+        " but its left neighbour rank " + std::to_string(left_) + " submitted " +
+        (theirs_valid && theirs_.magic == kHeaderMagic ? header_shape(theirs_)
+                                                        : std::string("garbage")) +
+        "; every rank must submit the same operations in the same order";
+    ctx_.broadcast_failure(op_, message);
+    throw OpFailure(FailureKind::kMismatch, message);
   }
 
   // Posts the step-0 sends of segments [first_step_posted_, limit). Eagerly sent
@@ -331,16 +342,25 @@ class RingRun {
     return codec_ ? codec_->wire_bytes(n) : n * elem_;
   }
 
-  // Shared-memory links: units arrive in this rank's unit order (see the top).
-  void receive_and_reduce_over_links() {
+  // Shared-memory links: the header, then the units, arrive in this rank's unit order
+  // (see the top). Nothing is read out of the inbox before the header matched.
+  void run_over_links() {
+    mine_ = make_header(op_, rank_, layout_.max_segment_elems());
+    start_sends();
+    outbox_.push_back(Outgoing{kHeaderStep, 0, &mine_, sizeof(Header)});
     post_first_step_sends(SIZE_MAX);  // queued; copied out as the right neighbour has room
+    wait_for_arrival("waiting for the operation header");
+    const ShmMessage& first = *links_->peek();
+    const bool is_header = first.step == kHeaderStep && first.bytes == sizeof(Header);
+    if (is_header) std::memcpy(&theirs_, links_->peek_data(), sizeof(Header));
+    check_headers(is_header);
+    links_->release();
     for (int step = 0; step < layout_.steps(); ++step) {
       const int c = layout_.recv_chunk(step);
       const bool rs = layout_.is_reduce_scatter(step);
       for (std::size_t s = 0; s < layout_.segments(c); ++s) {
         const Unit unit{step, c, s};
-        ctx_.wait_until([this] { return flush_outbox(), links_->peek() != nullptr; }, op_,
-                        left_, rs ? "reduce-scatter" : "allgather");
+        wait_for_arrival(rs ? "reduce-scatter" : "allgather");
         check_arrival(*links_->peek(), unit);
         const unsigned char* data = links_->peek_data();
         if (!rs) {
@@ -353,8 +373,17 @@ class RingRun {
         links_->release();
       }
     }
-    ctx_.wait_until([this] { return flush_outbox(), outbox_.empty(); }, op_, right_,
-                    "waiting for the right neighbour to take the last segments");
+    ctx_.wait_on_link(
+        *links_, [this] { return flush_outbox(), outbox_.empty(); }, op_, right_,
+        "waiting for the right neighbour to take the last segments");
+  }
+
+  // Copies out what the right neighbour has room for until the left neighbour's next
+  // message is in.
+  void wait_for_arrival(const char* phase) {
+    ctx_.wait_on_link(
+        *links_, [this] { return flush_outbox(), links_->peek() != nullptr; }, op_, left_,
+        phase);
   }
 
   // Copies queued sends into the right neighbour's free slots.
