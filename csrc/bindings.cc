@@ -83,6 +83,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
+      .def_property_readonly("comm_cpu", &Engine::comm_cpu)
       .def_property_readonly(
           "polling_while_waited",
           [](const Engine& e) { return std::string(waited_polling_name(e.polling_while_waited())); })

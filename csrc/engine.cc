@@ -82,7 +82,14 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
                    rank_, why_not.c_str());
     }
   }
+  // On one node with a core per rank, each rank's comm thread gets a CPU of its own
+  // (thread_sched.h: bind_comm_thread).
+  if (shared_memory && transport.core_per_rank) {
+    bind_to_node_rank_ = transport.node_rank;
+    node_ranks_ = transport.node_ranks;
+  }
   thread_ = std::thread([this] { comm_thread_main(); });
+  comm_thread_ready_.get_future().wait();  // comm_cpu() is known from here on
 }
 
 Engine::~Engine() {
@@ -149,6 +156,8 @@ void Engine::execute(Operation& op) {
 
 void Engine::comm_thread_main() {
   tune_comm_thread(config_.comm_slice_us, config_.comm_nice);
+  if (bind_to_node_rank_ >= 0) comm_cpu_.store(bind_comm_thread(bind_to_node_rank_, node_ranks_));
+  comm_thread_ready_.set_value();
   while (auto op = queue_.pop()) execute(*op);
   ctx_->close(/*clean=*/poisoned_.empty());
   drained_.set_value();

@@ -56,6 +56,8 @@ class Engine {
   bool is_shut_down() const { return shut_down_.load(); }
   // Segments travel through shared-memory inboxes rather than MPI messages.
   bool uses_shm_links() const { return links_ != nullptr; }
+  // The CPU the comm thread is bound to, or -1 (thread_sched.h: bind_comm_thread).
+  int comm_cpu() const { return comm_cpu_.load(); }
 
  private:
   void comm_thread_main();
@@ -74,6 +76,10 @@ class Engine {
   std::atomic<std::uint64_t> next_seq_{0};
   std::string poisoned_;  // comm thread only: why the engine can no longer run operations
   std::promise<void> drained_;
+  std::promise<void> comm_thread_ready_;
+  int bind_to_node_rank_ = -1;  // bind the comm thread to this node rank's CPU; -1: do not
+  int node_ranks_ = 1;
+  std::atomic<int> comm_cpu_{-1};
   std::thread thread_;
   std::mutex shutdown_mutex_;
   std::atomic<bool> shut_down_{false};

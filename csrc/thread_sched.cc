@@ -52,4 +52,26 @@ void tune_comm_thread(int slice_us, int nice) {
 #endif
 }
 
+int bind_comm_thread(int node_rank, int node_ranks) {
+#ifdef __linux__
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+  if (node_ranks < 1 || CPU_COUNT(&allowed) < node_ranks) return -1;
+  int seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != node_rank) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0 ? cpu : -1;
+  }
+  return -1;
+#else
+  (void)node_rank;
+  (void)node_ranks;
+  return -1;
+#endif
+}
+
 }  // namespace pipesgd

@@ -20,4 +20,12 @@ namespace pipesgd {
 // (a seccomp filter, missing privileges) leaves the defaults.
 void tune_comm_thread(int slice_us, int nice);
 
+// Binds the calling thread to the `node_rank`-th CPU this process may run on, when the
+// process may run on at least `node_ranks` CPUs (the launcher did not bind the ranks
+// apart). Returns that CPU, or -1 if the thread was left where it was. Ranks of one
+// node get different CPUs, so their comm threads can never queue on the same one:
+// a futex wake-up that pulls a sleeping comm thread onto its waker's CPU made whole
+// stretches of small allreduces 3-30x slower (docs/engine.md).
+int bind_comm_thread(int node_rank, int node_ranks);
+
 }  // namespace pipesgd

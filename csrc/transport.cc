@@ -46,8 +46,9 @@ RingTransport describe_ring_transport(MPI_Comm comm) {
   const int neighbours[2] = {(rank + size - 1) % size, (rank + 1) % size};
   int translated[2] = {MPI_UNDEFINED, MPI_UNDEFINED};
   MPI_Group_translate_ranks(all, 2, neighbours, local, translated);
-  int node_ranks = 1;
+  int node_ranks = 1, node_rank = 0;
   PSG_MPI_CHECK(MPI_Comm_size(node, &node_ranks), -1);
+  PSG_MPI_CHECK(MPI_Comm_rank(node, &node_rank), -1);
   MPI_Group_free(&all);
   MPI_Group_free(&local);
   MPI_Comm_free(&node);
@@ -64,6 +65,8 @@ RingTransport describe_ring_transport(MPI_Comm comm) {
   PSG_MPI_CHECK(MPI_Allreduce(mine, agreed, 3, MPI_LONG, MPI_MIN, comm), -1);
   RingTransport transport;
   transport.ranks = size;
+  transport.node_rank = node_rank;
+  transport.node_ranks = node_ranks;
   transport.shared_memory = agreed[0] != 0;
   transport.core_per_rank = agreed[1] != 0;
   transport.l2_cache_bytes = agreed[2] == LONG_MAX ? 0 : static_cast<std::size_t>(agreed[2]);

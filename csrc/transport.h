@@ -52,6 +52,9 @@ struct RingTransport {
   std::size_t l2_cache_bytes = 0;
   // Ranks in the ring.
   int ranks = 1;
+  // This rank's place among the ranks of its node, and how many there are.
+  int node_rank = 0;
+  int node_ranks = 1;
 };
 
 // The shared-memory segment for `transport` and `window` (see above); the same on

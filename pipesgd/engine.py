@@ -126,6 +126,15 @@ class Engine:
         return bool(self._engine.shm_links)
 
     @property
+    def comm_cpu(self) -> int:
+        """The CPU the communication thread is bound to, or -1 if it is not.
+
+        On one node with a core per rank and ranks the launcher did not bind apart, each
+        rank's thread is bound to a different CPU, so two ranks' threads never queue on
+        one CPU while the other idles (docs/engine.md)."""
+        return int(self._engine.comm_cpu)
+
+    @property
     def polling_while_waited(self) -> str:
         """How the comm thread polls MPI while a thread of this process is blocked in
         `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off):

@@ -29,6 +29,12 @@ if "PIPESGD_POLL_WHILE_WAITED" not in os.environ:
 # Segments go through shared-memory inboxes between ranks of one node, unless told not to.
 expected_links = p > 1 and os.environ.get("PIPESGD_SHM_LINKS", "1") != "0"
 assert engine.shm_links == expected_links, (engine.shm_links, expected_links)
+# With a core per rank, each rank's comm thread is bound to a CPU of its own: the
+# rank-th (all ranks are on this node) of those the process may run on.
+allowed = sorted(os.sched_getaffinity(0))
+expected_cpu = allowed[r] if p <= (os.cpu_count() or 1) and len(allowed) >= p else -1
+assert engine.comm_cpu == expected_cpu, (engine.comm_cpu, expected_cpu)
+assert len(set(comm.allgather(engine.comm_cpu))) == (p if expected_cpu >= 0 else 1)
 COUNTS = [0, 1, max(p - 1, 1), 4, 1000, 10007, 2**20 + 3]
 TOL = {"float32": 1e-6, "float64": 1e-13, "float16": 2e-3, "bfloat16": 1.6e-2}
 
