@@ -10,8 +10,8 @@ caller packs the parameters' gradients into set `s`, submits bucket by bucket to
 engine, and later unpacks the reduced buffers back into the gradients. A caller may also
 lend the buffers out as the gradients themselves (`param_views`, DDP's
 gradient-as-bucket-view): backward then accumulates straight into them and packing one
-is free. Nothing here knows about staleness or optimizers: the data-parallel optimizer,
-the DDP hook and replicated pipeline stages all use it the same way.
+is free. Nothing here knows about staleness or optimizers (that is `pipesgd.delay`):
+the data-parallel optimizer uses it; the DDP hook reduces DDP's own buckets.
 """
 
 from __future__ import annotations

@@ -13,17 +13,17 @@ Iteration 0 is synchronous: DDP rebuilds its buckets after the first iteration, 
 gradient bucketed before the rebuild could not be handed back to a bucket after it.
 From iteration 1 on, bucket i of iteration t is submitted and the future returns bucket
 i of iteration t - K + 1 (all zeros, with `has_update` False, while there is none yet).
-This is `DistributedOptimizer(..., warmup_steps=1)` exactly.
+This is `DistributedOptimizer(..., warmup_steps=1)` exactly: both follow
+`pipesgd.delay.DelaySchedule`.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
-from collections import deque
-
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from pipesgd.buffers import COMPRESSIONS
+from pipesgd.delay import DelayedQueue, DelaySchedule
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
 from pipesgd.errors import PipesgdError
@@ -47,36 +47,38 @@ class PipeSGDState:
         "compression",  # engine compression of every bucket
         "engine",  # the pipesgd engine the buckets are reduced on
         "has_update",  # did the last finished iteration hand back an aggregated gradient?
-        "inflight",  # bucket index -> (apply iteration, buffer, handle), oldest first
         "iteration",  # DDP iterations completed (backward passes seen)
-        "staleness",  # K
+        "queues",  # bucket index -> (buffer, handle) in flight under `schedule`
+        "schedule",  # K, with iteration 0 synchronous (DDP rebuilds its buckets after it)
     )
 
     def __init__(self, engine: Engine | None = None, staleness: int = 2,
                  compression: str = "none") -> None:
-        if not isinstance(staleness, int) or staleness < 1:
-            raise ValueError(f"staleness must be an integer >= 1 (1 = synchronous), "
-                             f"got {staleness!r}")
+        self.schedule = DelaySchedule(staleness, warmup_steps=1)
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
         self.engine = init_default_engine() if engine is None else engine
-        self.staleness = staleness
         self.compression = compression
         self.iteration = 0
         self.has_update = True
         self.buffers: dict[int, list[Tensor]] = {}
-        self.inflight: dict[int, deque[tuple[int, Tensor, Handle]]] = {}
+        self.queues: dict[int, DelayedQueue[tuple[Tensor, Handle]]] = {}
+
+    @property
+    def staleness(self) -> int:
+        """K: the gradient of iteration t is applied at iteration t + K - 1."""
+        return self.schedule.staleness
 
     def synchronize(self) -> None:
         """Wait for every submitted bucket (e.g. before checkpointing or exiting)."""
-        for queue in self.inflight.values():
-            for _, _, handle in queue:
-                handle.wait()
+        for queue in self.queues.values():
+            for entry in queue:
+                entry.item[1].wait()
 
     def _buffers_for(self, index: int, grad: Tensor) -> list[Tensor]:
         buffers = self.buffers.get(index)
         if buffers is None or buffers[0].numel() != grad.numel():
-            if self.inflight.get(index):
+            if self.queues.get(index):
                 raise PipesgdError(
                     f"DDP bucket {index} changed size from {buffers[0].numel()} to "
                     f"{grad.numel()} elements while its gradients were in flight (DDP rebuilt "
@@ -97,20 +99,19 @@ def pipe_sgd_hook(
     average of K - 1 iterations earlier (zeros while the pipe fills).
     """
     grad, index, t = bucket.buffer(), bucket.index(), state.iteration
-    if t == 0:
-        state.engine.allreduce(grad, compression=state.compression)
+    if state.schedule.staleness_at(t) == 1:
+        state.engine.allreduce(grad, compression=state.compression)  # due at once
         state.has_update = True
     else:
-        buffers = state._buffers_for(index, grad)
-        slot = buffers[t % state.staleness]
+        slot = state._buffers_for(index, grad)[t % state.staleness]
         slot.copy_(grad)
-        queue = state.inflight.setdefault(index, deque())
-        queue.append((t + state.staleness - 1, slot, state.engine.allreduce_async(
-            slot, compression=state.compression)))
-        if queue[0][0] == t:
-            _, due, handle = queue.popleft()
+        queue = state.queues.setdefault(index, DelayedQueue(state.schedule))
+        queue.push(t, (slot, state.engine.allreduce_async(slot, compression=state.compression)))
+        due = queue.pop_due(t)
+        if due is not None:
+            reduced, handle = due.item
             handle.wait()
-            grad.copy_(due)
+            grad.copy_(reduced)
             state.has_update = True
         else:
             grad.zero_()

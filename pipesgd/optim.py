@@ -6,14 +6,12 @@ t submits t's gradient to the engine's communication thread and waits only for i
 t - K + 1's, and the allreduce of t overlaps the compute of t + 1 ... t + K - 1. K = 1 is
 synchronous data parallelism (D-Sync).
 
-Schedule with warm-up: iterations t < `warmup_steps` use K = 1, later ones K. Each
-gradient is applied exactly once and in order; the K - 1 steps right after the switch
-(and the first K - 1 steps without warm-up) have nothing to apply and leave weights and
-optimizer state untouched. With `ramp_steps` = R, the learning rate of the first R stale
-updates ramps linearly from 1/R of the inner optimizer's rate up to it: a stale heavy
-ball is stable only at a much smaller step than a synchronous one (README, "Learning
-rate and momentum with K >= 2"), and the ramp lets the model settle where the stale
-update is stable instead of diverging right after the switch.
+The schedule (warm-up with K = 1, the learning-rate ramp of the first stale updates) is
+`pipesgd.delay.DelaySchedule`, shared with the DDP hook and replicated pipeline stages.
+Steps with nothing due leave weights and optimizer state untouched. The ramp exists
+because a stale heavy ball is stable only at a much smaller step than a synchronous one
+(README, "Learning rate and momentum with K >= 2"): it lets the model settle where the
+stale update is stable instead of diverging right after the switch.
 
 Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated once.
 With overlap="sequential" the buckets are the gradients (as DDP's gradient_as_bucket_view):
@@ -26,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +34,7 @@ from torch import Tensor, nn
 
 from pipesgd.buckets import GradientBuckets, dense_strides, is_view
 from pipesgd.buffers import COMPRESSIONS
+from pipesgd.delay import Delayed, DelayedQueue, DelaySchedule
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
 from pipesgd.errors import PipesgdError
@@ -61,11 +59,9 @@ class StepTiming:
 
 @dataclass
 class _InFlight:
-    """One iteration's gradient: its bucket set, handles (None once reduced), apply step."""
+    """One iteration's gradient: its bucket set and handles (None once reduced)."""
 
-    iteration: int
     set_index: int
-    apply_at: int
     handles: list[Handle | None]
 
 
@@ -117,21 +113,13 @@ class DistributedOptimizer:
         engine: Engine | None = None,
         comm: MPI.Comm | None = None,
     ) -> None:
-        if not isinstance(staleness, int) or staleness < 1:
-            raise ValueError(
-                f"staleness must be an integer >= 1 (1 = synchronous, 2 = Pipe-SGD), "
-                f"got {staleness!r}"
-            )
+        self.schedule = DelaySchedule(staleness, warmup_steps, ramp_steps)
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
         if overlap not in OVERLAP_MODES:
             raise ValueError(f"unknown overlap {overlap!r}: expected one of {OVERLAP_MODES}")
         if not bucket_mb > 0:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
-        if not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-        if not isinstance(ramp_steps, int) or ramp_steps < 0:
-            raise ValueError(f"ramp_steps must be an integer >= 0, got {ramp_steps!r}")
 
         self.optimizer = optimizer
         self.staleness = staleness
@@ -161,7 +149,7 @@ class DistributedOptimizer:
 
         self.timing = StepTiming()
         self._iteration = 0  # the iteration whose gradient the next step() submits
-        self._inflight: deque[_InFlight] = deque()
+        self._inflight: DelayedQueue[_InFlight] = DelayedQueue(self.schedule)
         self._current: list[Handle | None] | None = None  # backward mode: this iteration
         self._next_bucket = 0
         self._remaining: list[int] = []
@@ -220,13 +208,11 @@ class DistributedOptimizer:
 
     def staleness_at(self, iteration: int) -> int:
         """K used for the gradient of `iteration` (1 during warm-up)."""
-        return 1 if iteration < self.warmup_steps else self.staleness
+        return self.schedule.staleness_at(iteration)
 
     def lr_scale_at(self, iteration: int) -> float:
         """Factor on the learning rate that applies the gradient of `iteration`."""
-        if self.ramp_steps == 0 or self.staleness_at(iteration) == 1:
-            return 1.0
-        return min(1.0, (iteration - self.warmup_steps + 1) / self.ramp_steps)
+        return self.schedule.lr_scale_at(iteration)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Submit this iteration's gradient; apply the one due now, if any.
@@ -245,24 +231,22 @@ class DistributedOptimizer:
         t = self._iteration
         set_index = t % self.staleness
         start = time.perf_counter()
-        handles = self._submit_all(t, set_index)
-        self._inflight.append(
-            _InFlight(t, set_index, t + self.staleness_at(t) - 1, handles)
-        )
+        self._inflight.push(t, _InFlight(set_index, self._submit_all(t, set_index)))
         submitted = time.perf_counter()
         wait_s = update_s = 0.0
-        if self._inflight[0].apply_at == t:
-            due = self._inflight.popleft()
+        due = self._inflight.pop_due(t)
+        if due is not None:
             wait_s = self._wait(due)
             begin = time.perf_counter()
+            applied = due.item.set_index
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.
-                for p, view in zip(self.params, self._grad_views[due.set_index], strict=True):
+                for p, view in zip(self.params, self._grad_views[applied], strict=True):
                     p.grad = view
             else:
                 for bucket in range(self.buckets.num_buckets):
-                    self.buckets.unpack(due.set_index, bucket)
+                    self.buckets.unpack(applied, bucket)
             self._inner_step(self.lr_scale_at(due.iteration))
             update_s = time.perf_counter() - begin
         else:
@@ -306,7 +290,7 @@ class DistributedOptimizer:
                     {
                         "iteration": e.iteration,
                         "apply_at": e.apply_at,
-                        "buckets": [b.clone() for b in self.buckets.buffers[e.set_index]],
+                        "buckets": [b.clone() for b in self.buckets.buffers[e.item.set_index]],
                     }
                     for e in self._inflight
                 ],
@@ -355,10 +339,8 @@ class DistributedOptimizer:
             for buffer, value in zip(self.buckets.buffers[set_index], entry["buckets"],
                                      strict=True):
                 buffer.copy_(value)
-            self._inflight.append(
-                _InFlight(entry["iteration"], set_index, entry["apply_at"],
-                          [None] * self.buckets.num_buckets)
-            )
+            self._inflight.restore(entry["iteration"], entry["apply_at"],
+                                   _InFlight(set_index, [None] * self.buckets.num_buckets))
 
     def remove_hooks(self) -> None:
         """Detach the backward hooks, e.g. before dropping this optimizer.
@@ -441,12 +423,13 @@ class DistributedOptimizer:
             )
         return handles
 
-    def _wait(self, entry: _InFlight) -> float:
+    def _wait(self, entry: Delayed[_InFlight]) -> float:
         begin = time.perf_counter()
-        for bucket, handle in enumerate(entry.handles):
+        handles = entry.item.handles
+        for bucket, handle in enumerate(handles):
             if handle is not None:
                 handle.wait()
-                entry.handles[bucket] = None
+                handles[bucket] = None
         return time.perf_counter() - begin
 
     def _reset_backward_state(self) -> None:

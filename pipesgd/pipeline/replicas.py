@@ -5,8 +5,8 @@ round, each replica contributes the sum of its micro-batch gradients (a flat buf
 all-reduced in buckets) and how many micro-batches it summed; the stage then applies
 sum / count. A replica without a micro-batch in the last round (uneven counts) joins
 with zeros and count 0, so the average stays exact. Staleness K follows the Pipe-SGD
-optimizer: round t applies the aggregate launched K-1 rounds earlier (K = 1 is
-synchronous); the rest is applied when the epoch drains.
+optimizer's schedule (`pipesgd.delay`): round t applies the aggregate launched K-1 rounds
+earlier (K = 1 is synchronous); the rest is applied when the epoch drains.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections import deque
 
 import torch
 from torch import Tensor
+
+from pipesgd.delay import DelayedQueue, DelaySchedule
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -69,13 +71,13 @@ class ReplicaGradientSync:
                 "replicated pipeline stages synchronize with the pipesgd engine, which is "
                 "not built: run `make build` (or use a plan with replicas 1 everywhere)"
             ) from exc
-        if staleness < 1:
-            raise ValueError(f"staleness must be >= 1 (1 = synchronous), got {staleness}")
+        schedule = DelaySchedule(staleness)
         self.engine = engine_cls(comm)
         self.compression = compression
         self.staleness = staleness
         self.bucket_bytes = bucket_bytes
-        self._pending: deque[tuple[list, Tensor, Tensor]] = deque()
+        self._pending: DelayedQueue[tuple[list, Tensor, Tensor]] = DelayedQueue(schedule)
+        self._round = 0  # update rounds submitted
 
     def submit(self, flat_sum: Tensor, count: float) -> None:
         buf = flat_sum.detach().to("cpu", copy=True).contiguous()
@@ -86,30 +88,26 @@ class ReplicaGradientSync:
             for i in range(0, buf.numel(), step)
         ]
         handles.append(self.engine.allreduce_async(counter, op="sum", compression="none"))
-        self._pending.append((handles, buf, counter))
+        self._pending.push(self._round, (handles, buf, counter))
+        self._round += 1
 
-    def _finish(self) -> Tensor | None:
-        handles, buf, counter = self._pending.popleft()
+    @staticmethod
+    def _finish(entry: tuple[list, Tensor, Tensor]) -> list[Tensor]:
+        handles, buf, counter = entry
         for h in handles:
             h.wait()
         count = float(counter.item())
-        return buf / count if count > 0 else None
+        return [buf / count] if count > 0 else []
 
     def ready(self) -> list[Tensor]:
-        out = []
-        while len(self._pending) > self.staleness - 1:
-            g = self._finish()
-            if g is not None:
-                out.append(g)
-        return out
+        """The aggregate due in the round just submitted, if any (and if any replica
+        contributed to it)."""
+        due = self._pending.pop_due(self._round - 1)
+        return self._finish(due.item) if due is not None else []
 
     def flush(self) -> list[Tensor]:
-        out = []
-        while self._pending:
-            g = self._finish()
-            if g is not None:
-                out.append(g)
-        return out
+        """Every aggregate still in flight, oldest first (the epoch drains)."""
+        return [g for entry in self._pending.drain() for g in self._finish(entry.item)]
 
     def shutdown(self) -> None:
         self.flush()
