@@ -13,6 +13,7 @@
 
 #include "dtype.h"
 #include "engine.h"
+#include "env.h"
 #include "operation.h"
 
 namespace py = pybind11;
@@ -29,6 +30,22 @@ MPI_Comm communicator_from(const py::object& comm) {
   return *handle;
 }
 
+py::dict config_dict(const EnvConfig& c) {
+  py::dict d;
+  d["segment_bytes"] = c.segment_bytes;
+  d["window"] = c.window;
+  d["poll_us"] = c.poll_us;
+  d["poll_max_us"] = c.poll_max_us;
+  d["spin_us"] = c.spin_us;
+  d["poll_while_waited"] = c.poll_while_waited;
+  d["shm_links"] = c.shm_links;
+  d["comm_slice_us"] = c.comm_slice_us;
+  d["comm_nice"] = c.comm_nice;
+  d["stall_seconds"] = c.stall_seconds;
+  d["shutdown_seconds"] = c.shutdown_seconds;
+  return d;
+}
+
 }  // namespace
 }  // namespace pipesgd
 
@@ -36,6 +53,11 @@ PYBIND11_MODULE(_C, m) {
   using namespace pipesgd;
   if (import_mpi4py() < 0) throw py::error_already_set();
   m.doc() = "pipesgd's compiled engine: ring-AllReduce on a communication thread";
+
+  m.def(
+      "env_config", [] { return config_dict(read_env_config()); },
+      "The PIPESGD_* environment variables as the engine reads them (0 where chosen per "
+      "transport); ValueError naming the variable if one is malformed.");
 
   py::enum_<FailureKind>(m, "FailureKind")
       .value("NONE", FailureKind::kNone)
@@ -84,6 +106,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
       .def_property_readonly("comm_cpu", &Engine::comm_cpu)
+      .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly(
           "polling_while_waited",
           [](const Engine& e) { return std::string(waited_polling_name(e.polling_while_waited())); })

@@ -52,6 +52,8 @@ class Engine {
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }
+  // The configuration in force: the environment's, with what was chosen per transport.
+  const EnvConfig& config() const { return config_; }
   WaitedPolling polling_while_waited() const { return ctx_->while_waited(); }
   bool is_shut_down() const { return shut_down_.load(); }
   // Segments travel through shared-memory inboxes rather than MPI messages.

@@ -126,6 +126,13 @@ class Engine:
         return bool(self._engine.shm_links)
 
     @property
+    def config(self) -> dict[str, float]:
+        """The configuration in force (read-only): the PIPESGD_* environment variables as
+        read when the engine started, with the segment size and window chosen for its
+        transport filled in."""
+        return dict(self._engine.config)
+
+    @property
     def comm_cpu(self) -> int:
         """The CPU the communication thread is bound to, or -1 if it is not.
 

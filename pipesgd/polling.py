@@ -9,20 +9,11 @@ exchange and by the network measurements of `pipesgd.timing`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mpi4py import MPI
-
-
-def _env_seconds(name: str, default_us: float) -> float:
-    try:
-        return max(0.0, float(os.environ.get(name, default_us))) * 1e-6
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number of microseconds, got "
-                         f"{os.environ[name]!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -34,12 +25,16 @@ class Polling:
 
     @classmethod
     def from_env(cls) -> Polling:
-        """PIPESGD_SPIN_US (default 100 µs) and PIPESGD_POLL_US (50 µs), as the engine reads.
+        """PIPESGD_SPIN_US (default 100 µs) and PIPESGD_POLL_US (50 µs), read by the
+        engine's own parser, so a value means the same here as on the comm thread.
 
         Raises:
-            ValueError: a variable is not a number (the message names it).
+            ValueError: a PIPESGD_* variable is malformed (the message names it).
         """
-        return cls(_env_seconds("PIPESGD_SPIN_US", 100), _env_seconds("PIPESGD_POLL_US", 50))
+        from pipesgd import _C
+
+        config = _C.env_config()
+        return cls(config["spin_us"] * 1e-6, config["poll_us"] * 1e-6)
 
 
 def wait_politely(requests: MPI.Request | Sequence[MPI.Request],

@@ -227,3 +227,42 @@ def test_comm_thread_nice(monkeypatch) -> None:
     monkeypatch.setenv("PIPESGD_COMM_NICE", "20")
     with pytest.raises(ValueError, match=r"PIPESGD_COMM_NICE='20'.*\[-20"):
         pipesgd.Engine()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("PIPESGD_SPIN_US", "-3"), ("PIPESGD_POLL_US", "fast"), ("PIPESGD_SHM_LINKS", "2"),
+     ("PIPESGD_STALL_SECONDS", "")],
+)
+def test_a_bad_variable_gets_the_same_message_from_the_engine_and_python(
+        monkeypatch, name, value) -> None:
+    from pipesgd.polling import Polling
+
+    monkeypatch.setenv(name, value)
+    if value == "":
+        # An empty variable is unset, for the engine and for Python alike.
+        polling = Polling.from_env()
+        assert (polling.spin_s, polling.poll_s) == pytest.approx((100e-6, 50e-6))
+        e = pipesgd.Engine()
+        assert e.config["stall_seconds"] == 60.0
+        e.shutdown()
+        return
+    with pytest.raises(ValueError) as from_engine:
+        pipesgd.Engine()
+    with pytest.raises(ValueError) as from_python:
+        Polling.from_env()
+    assert name in str(from_engine.value)
+    assert str(from_engine.value) == str(from_python.value)
+
+
+def test_config_shows_what_the_engine_resolved(monkeypatch) -> None:
+    monkeypatch.setenv("PIPESGD_SPIN_US", "7")
+    e = pipesgd.Engine(window=3)
+    try:
+        config = e.config
+        assert config["spin_us"] == 7 and config["window"] == 3
+        assert config["segment_bytes"] == e.segment_bytes > 0  # chosen for the transport
+        config["window"] = 99  # a copy: the engine's own is read-only
+        assert e.config["window"] == 3
+    finally:
+        e.shutdown()
