@@ -97,6 +97,18 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
           py::arg("compression"), py::arg("caller_waits") = false)
+      .def(
+          "allreduce_now",
+          [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,
+             const std::string& op, const std::string& compression) {
+            const DType t = parse_dtype(dtype);
+            const ReduceOp o = parse_reduce_op(op);
+            const Compression c = parse_compression(compression);
+            py::gil_scoped_release release;
+            return e.allreduce_now(reinterpret_cast<void*>(address), count, t, o, c);
+          },
+          py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("compression"))
       .def("shutdown", &Engine::shutdown, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &Engine::rank)

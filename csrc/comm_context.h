@@ -144,7 +144,7 @@ class CommContext {
   // had completed at the latest not counting how far the last sleep overran: on a busy VM
   // nanosleep(50 us) can take 200 us, and judging by the wall clock taught "do not
   // spin", so the next sleeps overran too: at p = 2 one 8 MiB allreduce run in seven
-  // took twice as long (bench/allreduce.py, BENCHMARKS.md).
+  // took twice as long (bench/allreduce.py).
   // Over a network the wall clock is the link's pace, and judging as before spends
   // 15-27 % less CPU per operation (bench/allreduce.py --netem, cpu column).
   void completed(std::chrono::steady_clock::time_point wait_began,

@@ -100,9 +100,8 @@ Engine::~Engine() {
   }
 }
 
-std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
-                                             ReduceOp op, Compression compression,
-                                             bool caller_waits) {
+std::shared_ptr<Operation> Engine::make_operation(void* data, std::size_t count, DType dtype,
+                                                  ReduceOp op, Compression compression) const {
   if (count > 0 && data == nullptr) throw std::invalid_argument("allreduce: null buffer");
   if (compression != Compression::kNone && dtype != DType::kFloat32) {
     throw std::invalid_argument(std::string("compression '") + compression_name(compression) +
@@ -116,6 +115,13 @@ std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DTyp
   operation->op = op;
   operation->compression = compression;
   operation->callers_waiting = callers_waiting_;
+  return operation;
+}
+
+std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
+                                             ReduceOp op, Compression compression,
+                                             bool caller_waits) {
+  auto operation = make_operation(data, count, dtype, op, compression);
   {
     // Sequence numbers are assigned in queue order.
     std::lock_guard<std::mutex> lock(shutdown_mutex_);
@@ -131,7 +137,39 @@ std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DTyp
   return operation;
 }
 
+std::shared_ptr<Operation> Engine::allreduce_now(void* data, std::size_t count, DType dtype,
+                                                 ReduceOp op, Compression compression) {
+  {
+    // try_lock: if the comm thread is running something, this operation queues behind it.
+    std::unique_lock<std::mutex> exec(exec_mutex_, std::try_to_lock);
+    if (exec.owns_lock()) {
+      auto operation = make_operation(data, count, dtype, op, compression);
+      bool idle = false;
+      {
+        std::lock_guard<std::mutex> lock(shutdown_mutex_);
+        if (shut_down_.load()) {
+          throw std::runtime_error("pipesgd engine is shut down; call pipesgd.init() again");
+        }
+        // Every earlier operation has run (a popped one not yet started counts as not):
+        // this one is next in every rank's order, so this thread may run it.
+        idle = finished_.load() == next_seq_.load();
+        if (idle) operation->seq = next_seq_.fetch_add(1);
+      }
+      if (idle) {
+        operation->count_caller_until_finished();
+        execute(*operation);
+        return operation;
+      }
+    }
+  }
+  return allreduce(data, count, dtype, op, compression, /*caller_waits=*/true);
+}
+
 void Engine::execute(Operation& op) {
+  struct CountFinished {
+    std::atomic<std::uint64_t>& finished;
+    ~CountFinished() { finished.fetch_add(1); }
+  } count_finished{finished_};
   op.mark_running();
   if (!poisoned_.empty()) {
     op.fail(FailureKind::kAborted, op.describe() + " was not run: " + poisoned_);
@@ -158,7 +196,11 @@ void Engine::comm_thread_main() {
   tune_comm_thread(config_.comm_slice_us, config_.comm_nice);
   if (bind_to_node_rank_ >= 0) comm_cpu_.store(bind_comm_thread(bind_to_node_rank_, node_ranks_));
   comm_thread_ready_.set_value();
-  while (auto op = queue_.pop()) execute(*op);
+  while (auto op = queue_.pop()) {
+    std::lock_guard<std::mutex> exec(exec_mutex_);
+    execute(*op);
+  }
+  std::lock_guard<std::mutex> exec(exec_mutex_);  // a caller may still run one
   ctx_->close(/*clean=*/poisoned_.empty());
   drained_.set_value();
 }

@@ -5,7 +5,7 @@
 // out. A segment then costs one user-space memcpy on the sender instead of a
 // kernel CMA copy on the receiver: process_vm_readv pins every page it touches and
 // copied 4 MiB at 21 GB/s on the development VM, against memcpy's 57 GB/s
-// (BENCHMARKS.md, allreduce section). A reduce-scatter hop adds straight out of
+// (docs/engine.md). A reduce-scatter hop adds straight out of
 // the inbox, so the data is copied once per hop either way.
 //
 // An inbox is a single-producer single-consumer ring of `slots` slots: the sender

@@ -29,7 +29,7 @@ constexpr std::size_t kNetworkSegmentBytes = 60 * 1024;
 // Receives posted ahead of the one being reduced. Over shared memory the receiver
 // itself copies each segment (CMA) whenever MPI progresses, so every posted receive
 // may land before its turn to be added: 8 posted segments of 256 KiB were more than
-// a core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (BENCHMARKS.md).
+// a core's L2 holds, and the 8 MiB allreduce ran slower than with 2 (bench/allreduce.py).
 // A network segment arrives at the link's pace, and more in flight keep it busy.
 constexpr int kSharedMemoryWindow = 2;
 constexpr int kNetworkWindow = 8;

@@ -1,9 +1,11 @@
 """Faults under mpirun: mismatched submissions, a missing peer, dropped
-buffers and handles, shutdown with work in flight. Usage: engine_faults.py SCENARIO
+buffers and handles, shutdown with work in flight, blocking calls that run on the
+caller's thread. Usage: engine_faults.py SCENARIO
 """
 
 import gc
 import sys
+import threading
 import time
 
 import numpy as np
@@ -95,6 +97,45 @@ elif scenario == "shutdown-inflight":
     # A default engine left running with work queued must not hang interpreter exit.
     pipesgd.init()
     pipesgd.allreduce_async(np.ones(1000, np.float32))
+elif scenario == "blocking-order":
+    # Blocking calls run on the caller's thread when nothing is queued, and queue behind
+    # asynchronous ones otherwise: either way every rank runs them in submission order.
+    engine = pipesgd.Engine(comm)
+    rng = np.random.default_rng(r)
+    bufs = [rng.standard_normal(n).astype(np.float32) for n in (300000, 5000, 70000, 3, 90000)]
+    expected = [b.copy() for b in bufs]
+    for e in expected:
+        comm.Allreduce(MPI.IN_PLACE, e, op=MPI.SUM)
+    first = engine.allreduce_async(bufs[0], op="sum")
+    engine.allreduce(bufs[1], op="sum")  # queued behind `first`
+    assert first.done(), "a blocking call overtook an earlier asynchronous one"
+    engine.allreduce(bufs[2], op="sum")  # nothing queued: this thread runs it
+    later = engine.allreduce_async(bufs[3], op="sum")
+    engine.allreduce(bufs[4], op="sum")
+    later.wait()
+    for got, want in zip(bufs, expected, strict=True):
+        # Summed in the ring's order, not MPI's: equal to rounding, and bitwise across ranks.
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert len(set(comm.allgather(got.tobytes()))) == 1, "ranks differ"
+    assert engine.allreduce(np.ones(4, np.float32), op="sum").tolist() == [p] * 4
+    engine.shutdown()
+elif scenario == "shutdown-aborts-blocking":
+    # A blocking call without a timeout, stuck on a peer that never submits, fails when
+    # another thread shuts the engine down instead of hanging.
+    engine = pipesgd.Engine(comm)
+    if r == 0:
+        stopper = threading.Timer(0.5, lambda: engine.shutdown(timeout=0.5))
+        stopper.start()
+        try:
+            engine.allreduce(np.ones(1000, np.float32))
+        except pipesgd.PipesgdError as e:
+            assert "aborted" in str(e) or "shut down" in str(e), e
+        else:
+            raise AssertionError("a stuck blocking allreduce returned")
+        stopper.join()
+    comm.Barrier()
+    if r != 0:
+        engine.shutdown(timeout=0.5)
 else:
     raise SystemExit(f"unknown scenario {scenario}")
 if r == 0:
