@@ -239,9 +239,9 @@ def measure_kernels(
 
 def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
     """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(poll_s)
+    from pipesgd.polling import Polling, wait_politely
+
+    wait_politely(comm.Ibarrier(), Polling(spin_s=0.0, poll_s=poll_s))
 
 
 _POLITE_POLL_S = 50e-6  # the engine's PIPESGD_POLL_US default
