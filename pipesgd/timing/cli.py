@@ -4,6 +4,7 @@
     pipesgd timing predict --model mlp --batch-size 64 -p 2 --network net.json --json pred.json
     pipesgd timing predict --model cnn --batch-size 32 -p 8 --bandwidth 10Gbit --latency 20us
     pipesgd timing project --model cnn --batch-size 32 --speedup 100
+    pipesgd timing predict --model ./models.py:build --input-shape 784 --classes 10 -p 4 ...
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from pipesgd.model_names import BUILTIN, HELP, parse_shape
 
 GPU_SPEEDUP = 100.0  # a GPU against the one CPU core a profile here is taken on
 
@@ -27,7 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, text in (("predict", "predict and rank every configuration"),
                        ("project", "iteration time and scaling efficiency for p = 2..256")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+        s.add_argument("--model", default="mlp", help=HELP)
+        s.add_argument("--data", help="size the model for this data set, as `pipesgd train "
+                       "--data` does (digits, synthetic or an MNIST folder)")
+        s.add_argument("--input-shape", type=parse_shape,
+                       help="shape of one sample, e.g. 784 or 3,32,32 (instead of --data)")
+        s.add_argument("--classes", type=int, default=10, help="output classes (default 10)")
         s.add_argument("--batch-size", type=int, default=64, help="samples per rank")
         s.add_argument("--profile", help="a profile JSON instead of profiling the model here")
         s.add_argument("--threads", type=int, default=1,
@@ -99,13 +107,31 @@ def format_network(net: Any) -> str:
     return "\n".join(lines)
 
 
+def model_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The sample shape and classes to size the model for: from --data as `pipesgd train`
+    loads it, from --input-shape, or (neither) the built-in models' defaults."""
+    if args.data and args.input_shape:
+        raise ValueError("give --data or --input-shape, not both")
+    if args.data:
+        from pipesgd.train.data import load
+
+        dataset = load(args.data, args.model)
+        return {"input_shape": dataset.input_shape, "num_classes": dataset.num_classes}
+    if args.input_shape:
+        return {"input_shape": args.input_shape, "num_classes": args.classes}
+    if args.model not in BUILTIN:
+        raise ValueError(f"--model {args.model!r} needs --data or --input-shape to profile it")
+    return {}
+
+
 def load_profile(args: argparse.Namespace) -> Any:
     from pipesgd.timing.profile import Profile, profile_named
 
     if args.profile:
         prof = Profile.load(args.profile)
     else:
-        prof = profile_named(args.model, args.batch_size, threads=args.threads)
+        prof = profile_named(args.model, args.batch_size, threads=args.threads,
+                             **model_shape(args))
     if args.speedup:
         prof = prof.scaled(args.speedup)
     return prof

@@ -211,27 +211,39 @@ def profile_named(
     warmup: int = 3,
     repeats: int = 10,
     seed: int = 0,
+    input_shape: tuple[int, ...] | None = None,
+    num_classes: int = 10,
 ) -> Profile:
-    """`profile` of a model of `pipesgd.pipeline.models.MODELS` ("mlp", "cnn") with SGD
-    on a random batch, as `pipesgd train --data synthetic` runs it.
+    """`profile` of a named model (`pipesgd.model_names`: "mlp", "cnn" or
+    MODULE:FUNCTION) with SGD on a random batch, as `pipesgd train --data synthetic` runs it.
 
     Args:
         threads: torch intra-op threads while profiling (None: leave as set). Profile with
             the threads each rank will use (one, when ranks share the cores).
+        input_shape, num_classes: the samples the model is sized for (as `pipesgd train`
+            sizes it for its data); None: the built-in models' defaults (the 64-input MLP
+            of the digits, the 3-channel CNN).
+
+    Raises:
+        ValueError: an unknown model, a MODULE:FUNCTION without `input_shape`, or a batch
+            size below 1.
     """
     import torch
 
+    from pipesgd.model_names import layer_model
     from pipesgd.pipeline.models import MODELS
 
-    if model not in MODELS:
-        raise ValueError(f"unknown model {model!r}; known: {sorted(MODELS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if input_shape is None and model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: known are {sorted(MODELS)}, or give "
+                         "MODULE:FUNCTION with an input shape")
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        spec = MODELS[model]()
+        spec = (MODELS[model]() if input_shape is None
+                else layer_model(model, input_shape, num_classes, seed))
         net = spec.build(seed=seed)
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch_size, *spec.input_shape, generator=gen)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd.buffers import COMPRESSIONS
+from pipesgd.model_names import BUILTIN, HELP, load_model_function
 from pipesgd.optim import OVERLAP_MODES
 
 # --compare presets: name -> (staleness, compression), the paper's configurations.
@@ -30,8 +31,8 @@ PRESETS: dict[str, tuple[int, str]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `pipesgd train`."""
-    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp",
-                        help="MLP input-500-500-10 or the small AlexNet-style CNN")
+    parser.add_argument("--model", default="mlp", help=HELP + "; it gets images "
+                        "(N, C, 32, 32) as the CNN does, so start an MLP with nn.Flatten()")
     parser.add_argument("--data", default="digits",
                         help="digits (bundled with scikit-learn), synthetic, or a folder of "
                              "MNIST IDX files")
@@ -148,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     base = config_from_args(args)
     try:
         presets = parse_presets(args.compare) if args.compare else []
+        if args.model not in BUILTIN:
+            load_model_function(args.model)  # fail here, with a message, not mid-run
     except ValueError as exc:
         if comm.rank == 0:
             print(f"pipesgd train: {exc}")

@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipesgd.broadcast import broadcast_parameters
+from pipesgd.model_names import layer_model
 from pipesgd.optim import DistributedOptimizer, StepTiming
-from pipesgd.pipeline import models
 from pipesgd.train.data import Dataset, ShardedBatches, load
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -128,18 +128,14 @@ class RunResult:
 
 
 def build_model(name: str, dataset: Dataset, seed: int) -> nn.Module:
-    """The MLP (input-500-500-classes) or the CNN of `pipesgd.pipeline.models`.
+    """The model `name` names (`pipesgd.model_names`: "mlp", "cnn" or MODULE:FUNCTION)
+    for `dataset`'s samples and classes. The MLP gets flat samples; every other model
+    gets images (N, C, 32, 32), as the CNN does.
 
     Raises:
-        ValueError: unknown model name.
+        ValueError: an unknown or broken model name (the message says which).
     """
-    if name == "mlp":
-        return models.mlp((math.prod(dataset.input_shape), 500, 500, dataset.num_classes)).build(
-            seed=seed
-        )
-    if name == "cnn":
-        return models.cnn(dataset.num_classes, channels=dataset.input_shape[0]).build(seed=seed)
-    raise ValueError(f"unknown model {name!r}: expected 'mlp' or 'cnn'")
+    return layer_model(name, dataset.input_shape, dataset.num_classes, seed).build(seed=seed)
 
 
 def build_optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -1,0 +1,99 @@
+"""Naming a model on the command line: "mlp", "cnn", or MODULE:FUNCTION for your own.
+
+MODULE is an importable module (`mypackage.models`) or the path of a Python file
+(`./models.py`); FUNCTION takes no arguments and returns a `torch.nn.Module`. An
+`nn.Sequential` keeps its children as layers, so a pipeline plan can cut between them;
+any other module is one layer. The built-in MLP takes its input size and class count
+from the data it will see, so `pipesgd timing predict` and `pipesgd train` name the same
+network for the same data.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipesgd.pipeline.models import LayerModel, cnn, from_modules, mlp
+
+BUILTIN = ("mlp", "cnn")
+HELP = ("mlp (input-500-500-classes), cnn (the small AlexNet-style CNN), or MODULE:FUNCTION, "
+        "a function of a module or .py file that returns a torch.nn.Module")
+
+
+def load_model_function(spec: str) -> Callable[[], nn.Module]:
+    """The FUNCTION of a MODULE:FUNCTION spec, imported.
+
+    Raises:
+        ValueError: the spec is malformed, the module cannot be imported or has no such
+            function (the message names which).
+    """
+    module_name, sep, function = spec.rpartition(":")
+    if not sep or not module_name or not function.isidentifier():
+        raise ValueError(f"--model {spec!r}: expected one of {', '.join(BUILTIN)} or "
+                         "MODULE:FUNCTION (e.g. mymodels:resnet or ./models.py:build)")
+    try:
+        if module_name.endswith(".py") or "/" in module_name:
+            path = Path(module_name).expanduser().resolve()
+            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if loader_spec is None or loader_spec.loader is None or not path.is_file():
+                raise FileNotFoundError(f"no Python file at {path}")
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as exc:  # any error while importing the user's code
+        raise ValueError(f"--model {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise ValueError(f"--model {spec!r}: {module_name!r} has no function {function!r}")
+    return fn
+
+
+def layer_model(spec: str, input_shape: tuple[int, ...], num_classes: int,
+                seed: int = 0) -> LayerModel:
+    """The model `spec` names, for samples of `input_shape` and `num_classes` classes.
+
+    A MODULE:FUNCTION model is built once, under `torch.manual_seed(seed)` so that every
+    rank builds the same weights; `input_shape` and `num_classes` only describe its data.
+
+    Raises:
+        ValueError: an unknown or broken spec, or a function that returns no module.
+    """
+    if spec == "mlp":
+        return mlp((math.prod(input_shape), 500, 500, num_classes))
+    if spec == "cnn":
+        return cnn(num_classes, channels=input_shape[0])
+    fn = load_model_function(spec)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        module = fn()
+    finally:
+        torch.random.set_rng_state(state)
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"--model {spec!r} returned {type(module).__name__}, not a "
+                         "torch.nn.Module")
+    layers = list(module.children()) if isinstance(module, nn.Sequential) else [module]
+    return from_modules(layers, tuple(input_shape), num_classes, name=spec)
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'1,28,28' -> (1, 28, 28) (for --input-shape).
+
+    Raises:
+        ValueError: not a comma-separated list of positive integers.
+    """
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(n < 1 for n in shape):
+        raise ValueError(f"--input-shape {text!r}: expected positive integers separated by "
+                         "commas, e.g. 784 or 3,32,32")
+    return shape
