@@ -61,3 +61,26 @@ def test_cli_writes_json_timeline_and_checkpoint(tmp_path):
     assert {"0F0", "0B0", "1F0", "1B0", "0SF0", "1RF0"} <= names
     assert json.loads((tmp_path / "ck" / "manifest.json").read_text())["epochs_done"] == 2
     assert "epoch 1: loss" in proc.stdout
+
+
+def test_cli_pipelines_a_model_named_by_module_and_function(tmp_path):
+    import subprocess
+
+    (tmp_path / "user_models.py").write_text(
+        "from torch import nn\n"
+        "def mlp():\n"
+        "    return nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU(),\n"
+        "                         nn.Linear(32, 10))\n")
+    cmd = [*mpirun_command(2), sys.executable, "-m", "pipesgd.cli", "pipeline",
+           "--model", f"{tmp_path / 'user_models.py'}:mlp", "--input-shape", "64",
+           "--data", "digits", "--epochs", "1", "--steps", "6", "--micro-batch", "8",
+           "--json", str(tmp_path / "r.json"), "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["throughput_samples_per_s"] > 0 and len(report["stage_utilisation"]) == 2
+    missing = subprocess.run([*cmd[:cmd.index("--input-shape")], "--epochs", "1"],
+                             capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                             timeout=120)
+    assert missing.returncode != 0 and "needs --input-shape" in missing.stdout + missing.stderr

@@ -10,10 +10,16 @@ import json
 import sys
 from pathlib import Path
 
+from pipesgd.model_names import HELP, layer_model, parse_shape
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Pipeline-parallel training (1F1B / 1F1B-RR / GPipe) under mpirun."
-    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--model", default="mlp", help=HELP)
+    parser.add_argument("--input-shape", type=parse_shape,
+                        help="one sample's shape for a MODULE:FUNCTION model (e.g. 3,32,32)")
+    parser.add_argument("--classes", type=int, default=10,
+                        help="output classes of a MODULE:FUNCTION model (default 10)")
     parser.add_argument("--plan", type=Path, help="plan JSON (default: even split, 1 replica)")
     parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe"),
                         help="override the plan's schedule")
@@ -42,6 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-schedule", action="store_true",
                         help="print every rank's schedule table and exit")
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _model(args, builtin):
+    """The built-in model, or a MODULE:FUNCTION one sized by --input-shape/--classes."""
+    if args.model in builtin:
+        return builtin[args.model]()
+    if args.input_shape is None:
+        raise SystemExit(f"pipesgd pipeline: --model {args.model!r} needs --input-shape")
+    try:
+        return layer_model(args.model, args.input_shape, args.classes, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"pipesgd pipeline: {exc}") from exc
 
 
 def _plan(args, num_layers: int, world: int):
@@ -80,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     torch.set_num_threads(1)
-    model = models.MODELS[args.model]()
+    model = _model(args, models.MODELS)
     try:
         plan = _plan(args, model.num_layers, comm.Get_size())
         if args.print_schedule:
@@ -90,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
         if kind == "digits":
-            if args.model != "mlp":
-                raise SystemExit("--data digits has 64 features: use it with --model mlp")
+            if model.input_shape != (64,):
+                raise SystemExit("--data digits has 64 features: use it with --model mlp "
+                                 "or a MODULE:FUNCTION model with --input-shape 64")
             (x, y), _ = data.digits(seed=args.seed)
         else:
             x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
