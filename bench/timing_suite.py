@@ -226,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                                               "worst": worst_err <= 0.25, "pick": picks},
                "netem": not args.no_netem, "scenarios": scenarios}
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    verdict = "PASS" if all(summary["targets"].values()) else "FAIL"
     print(f"\nmedian |err| {median_err:.1%} (target 10%), worst {worst_err:.1%} (target 25%), "
-          f"choose's pick within 5% of fastest in every scenario: {picks}")
+          f"choose's pick within 5% of fastest in every scenario: {picks} -> {verdict}")
     print(f"wrote {args.out}")
-    return 0
+    return 0 if verdict == "PASS" else 1
 
 
 if __name__ == "__main__":
