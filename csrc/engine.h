@@ -71,6 +71,7 @@ class Engine {
   void comm_thread_main();
   // Runs `op`; the caller holds exec_mutex_.
   void execute(Operation& op);
+  // A validated operation on `data`, not yet numbered or queued.
   std::shared_ptr<Operation> make_operation(void* data, std::size_t count, DType dtype,
                                             ReduceOp op, Compression compression) const;
 
