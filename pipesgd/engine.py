@@ -143,8 +143,9 @@ class Engine:
 
     @property
     def polling_while_waited(self) -> str:
-        """How the comm thread polls MPI while a thread of this process is blocked in
-        `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off):
+        """How the comm thread polls MPI messages while a thread of this process is blocked
+        in `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off). Over shared-memory
+        links (`shm_links`) waits sleep on the inbox's doorbell instead (docs/engine.md).
 
         - ``"spin"``: over shared memory with a core per rank on the node. The waiting
           thread's core is idle, and a nap only adds a descheduled peer's lateness.
