@@ -74,18 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
     """Re-run this script as the rank program of bench/netem.py."""
-    rank_argv = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in ("--netem", "--np", "--latency"):
-            skip = True
-            continue
-        if a.startswith(("--netem=", "--np=", "--latency=")):
-            continue
-        rank_argv.append(a)
+    rank_argv = strip_options(argv, ("--netem", "--np", "--latency"))
     if args.compression is None:
         rank_argv += ["--compression", "none,trunc16,quant8"]
     if not args.tag:
