@@ -70,6 +70,14 @@ class Handle:
         return f"{what}: waiting for rank {peer} ({phase})"
 
 
+def _checked_buffer(tensor: Any, op: str, compression: str) -> BufferView:
+    """`tensor` as a buffer the engine can reduce in place; ValueError otherwise."""
+    check_op(op)
+    buffer = as_buffer(tensor)
+    check_compression(compression, buffer.dtype)
+    return buffer
+
+
 class Engine:
     """A ring-AllReduce engine on a duplicate of `comm`, with its own comm thread.
 
@@ -164,16 +172,18 @@ class Engine:
         return self._submit(tensor, op, compression, caller_waits=False)
 
     def _submit(self, tensor: Any, op: str, compression: str, caller_waits: bool) -> Handle:
-        check_op(op)
-        buffer = as_buffer(tensor)
-        check_compression(compression, buffer.dtype)
+        buffer = _checked_buffer(tensor, op, compression)
+        operation = self._engine.allreduce(
+            buffer.address, buffer.count, buffer.dtype, op, compression, caller_waits
+        )
+        self._keep_alive(operation, buffer)
+        return Handle(operation, buffer, self.rank)
+
+    def _keep_alive(self, operation: _C.Operation, buffer: BufferView) -> None:
+        """Hold `buffer` until `operation` has finished, even if the caller drops it."""
         with self._lock:
             self._forget_finished()
-            operation = self._engine.allreduce(
-                buffer.address, buffer.count, buffer.dtype, op, compression, caller_waits
-            )
             self._inflight[int(operation.seq)] = (operation, buffer)
-        return Handle(operation, buffer, self.rank)
 
     def allreduce(
         self,
@@ -191,16 +201,12 @@ class Engine:
             # Declared at submission: the comm thread polls as for a waited operation even
             # if this thread loses its core on the way into wait().
             return self._submit(tensor, op, compression, caller_waits=True).wait(timeout)
-        check_op(op)
-        buffer = as_buffer(tensor)
-        check_compression(compression, buffer.dtype)
+        buffer = _checked_buffer(tensor, op, compression)
         operation = self._engine.allreduce_now(
             buffer.address, buffer.count, buffer.dtype, op, compression
         )
-        if not operation.done():  # queued behind others: keep the buffer alive as _submit does
-            with self._lock:
-                self._forget_finished()
-                self._inflight[int(operation.seq)] = (operation, buffer)
+        if not operation.done():  # queued behind others
+            self._keep_alive(operation, buffer)
         return Handle(operation, buffer, self.rank).wait()
 
     def shutdown(self, timeout: float | None = None) -> None:
