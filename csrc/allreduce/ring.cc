@@ -195,11 +195,21 @@ class RingRun {
 
   void start_sends() {
     prepare_buffers();
+    if (links_ != nullptr) return;  // no MPI requests, no polling to tune
     ctx_.set_streaming(layout_.segments(0) >= kStreamingSegments);
     rs_send_.assign(static_cast<std::size_t>(p_), {});
     for (int c = 0; c < p_; ++c) {
       rs_send_[static_cast<std::size_t>(c)].assign(layout_.segments(c), MPI_REQUEST_NULL);
     }
+  }
+
+  // Where the MPI request of the send of segment (c, s) at `step` is kept; nullptr over
+  // the links, which need none.
+  MPI_Request* send_request(int step, int c, std::size_t s) {
+    if (links_ != nullptr) return nullptr;
+    if (layout_.is_reduce_scatter(step)) return &rs_send_[static_cast<std::size_t>(c)][s];
+    sends_.push_back(MPI_REQUEST_NULL);
+    return &sends_.back();
   }
 
   // Fails every rank unless the left neighbour's header matches this rank's own.
@@ -229,7 +239,7 @@ class RingRun {
       const std::size_t s = first_step_posted_;
       const std::size_t off = layout_.segment_begin(c0, s);
       const std::size_t n = layout_.segment_len(c0, s);
-      MPI_Request* req = &rs_send_[static_cast<std::size_t>(c0)][s];
+      MPI_Request* req = send_request(0, c0, s);
       if (codec_) {
         codec_->encode(local_f32(off), n, area(c0, s));
         post_send(0, s, area(c0, s), codec_->wire_bytes(n), req);
@@ -307,15 +317,7 @@ class RingRun {
     const bool final_rs = unit.step == p_ - 2;
     const bool average = op_.op == ReduceOp::kAverage;
     const bool forward = unit.step + 1 < layout_.steps();
-    MPI_Request* next_req = nullptr;
-    if (forward) {
-      if (layout_.is_reduce_scatter(unit.step + 1)) {
-        next_req = &rs_send_[static_cast<std::size_t>(c)][s];
-      } else {
-        sends_.push_back(MPI_REQUEST_NULL);
-        next_req = &sends_.back();
-      }
-    }
+    MPI_Request* next_req = forward ? send_request(unit.step + 1, c, s) : nullptr;
     if (!codec_) {
       if (rs) {
         add_into(op_.dtype, local(off), received, n);
