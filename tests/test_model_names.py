@@ -33,7 +33,7 @@ def models_file(tmp_path):
     return path
 
 
-def test_builtin_mlp_follows_the_data(models_file):
+def test_builtin_mlp_follows_the_data():
     digits = data.load("digits", "mlp")
     spec = layer_model("mlp", digits.input_shape, digits.num_classes)
     assert spec.input_shape == (64,) and spec.num_classes == 10
