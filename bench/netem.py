@@ -10,8 +10,11 @@ Every rank has its own namespace and one veth to a bridge in a switch namespace.
 rank-side egress qdisc caps what the rank sends (upload); the switch-side egress qdisc caps
 what it receives (download). So the network is a switch, not a hub: a 2-rank exchange in
 both directions runs at the full rate each way, while a rank sending to two peers at once
-shares its one uplink. Added latency, when asked for, is a netem qdisc on the rank-side
-egress (one-way delay per packet a rank sends; round trip between two ranks = 2x).
+shares its one uplink. Each shaping class is a token bucket: after idling, a link sends
+`--burst` bytes at once before the rate bites (default: 64 KiB + MTU or 1 ms of the rate,
+the smallest that shapes smoothly; a smaller bucket keeps packets one MTU long). Added
+latency, when asked for, is a netem qdisc on the rank-side egress (one-way delay per
+packet a rank sends; round trip between two ranks = 2x).
 
 MPI is forced onto TCP over the rank's link (`pml ob1`, `btl tcp,self`,
 `btl_tcp_if_include psgd0`, no `osc sm`); gloo gets GLOO_SOCKET_IFNAME, MASTER_ADDR (rank 0)
@@ -21,6 +24,7 @@ PMIx connection to the daemon into the namespace (see that file for why).
 Command line (root only):
 
     python bench/netem.py --np 4 --rate 1gbit -- python bench/allreduce.py --sizes 64MiB
+    python bench/netem.py --rate 200mbit --burst 1MiB -- pipesgd timing measure
     python bench/netem.py --cleanup
 
 Python:
@@ -57,6 +61,8 @@ MAX_RANKS = 250
 DEFAULT_MASTER_PORT = 29500
 EXIT_UNAVAILABLE = 77  # the automake "skipped" status: no root or no network namespaces
 EXIT_BYPASSED = 3
+GSO_PACKET = 64 * 1024  # the largest packet TCP hands a veth unless told otherwise
+ETHERNET_HEADER = 14
 
 RANK_WRAPPER = Path(__file__).resolve().with_name("netem_rank.py")
 
@@ -112,6 +118,22 @@ def parse_latency(text: str) -> float:
             "--latency 1ms, --latency 0"
         )
     return float(match.group(1)) * _TIME_UNITS[(match.group(2) or "s").lower()]
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "kb": 10**3, "mb": 10**6}
+
+
+def parse_burst(text: str) -> int:
+    """Parse a token-bucket size such as `0`, `64KiB`, `1MiB` or `125kB` into bytes.
+
+    Raises:
+        ValueError: the text is not a size; the message shows accepted forms.
+    """
+    match = re.fullmatch(r"\s*([0-9]+)\s*([km]i?b|b)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise ValueError(f"bad burst {text!r}: use a size in bytes, e.g. --burst 0, "
+                         "--burst 128KiB, --burst 1MiB")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
 def format_rate(bits_per_s: float) -> str:
@@ -283,18 +305,23 @@ class EmulatedNetwork:
     Use through `emulated_network()`, which calls `setup()` and always `teardown()`.
     """
 
-    __slots__ = ("latency_s", "mtu", "name", "np", "rate_bps", "switch")
+    __slots__ = ("burst", "latency_s", "mtu", "name", "np", "rate_bps", "switch")
 
-    def __init__(self, np: int, rate_bps: int, latency_s: float = 0.0, mtu: int = 1500) -> None:
+    def __init__(self, np: int, rate_bps: int, latency_s: float = 0.0, mtu: int = 1500,
+                 burst: int | None = None) -> None:
         global _run_counter
         if not 1 <= np <= MAX_RANKS:
             raise ValueError(f"np={np}: the emulated network holds 1..{MAX_RANKS} ranks")
         if not 576 <= mtu <= 65535:
             raise ValueError(f"mtu={mtu}: use 576..65535, e.g. 1500 or 9000")
+        if burst is not None and burst < 0:
+            raise ValueError(f"burst={burst}: a token bucket holds >= 0 bytes, e.g. 512KiB")
         self.np = np
         self.rate_bps = rate_bps
         self.latency_s = latency_s
         self.mtu = mtu
+        #: Token-bucket size asked for (bytes); None: the smallest that shapes smoothly.
+        self.burst = burst
         _run_counter += 1
         #: Prefix of every namespace of this network: psgd-<owner pid>-<n>.
         self.name = f"{PREFIX}-{os.getpid()}-{_run_counter}"
@@ -362,6 +389,9 @@ class EmulatedNetwork:
         self._ip(namespace, "addr", "add", f"{self.address(rank)}/24", "dev", IFNAME)
         self._ip(namespace, "link", "set", IFNAME, "mtu", str(self.mtu), "up")
         self._ip(self.switch, "link", "set", port, "mtu", str(self.mtu), "master", BRIDGE, "up")
+        if self._unsegmented:
+            self._ip(namespace, "link", "set", IFNAME, "gso_max_size", str(self.mtu))
+            self._ip(self.switch, "link", "set", port, "gso_max_size", str(self.mtu))
         self._shape(namespace, IFNAME, self.latency_s)  # upload
         self._shape(self.switch, port, 0.0)  # download
 
@@ -369,15 +399,24 @@ class EmulatedNetwork:
     def burst_bytes(self) -> int:
         """Bytes each shaped link sends at line rate after idling (htb's burst).
 
-        It must hold one 64 KiB GSO packet; beyond that it only adds start-up slack. The
-        timing model measures it (`measure_network`'s burst_bytes).
+        By default it holds one 64 KiB GSO packet (htb lets a whole packet through on any
+        token left, so a smaller bucket would not shape smaller) and a millisecond of the
+        rate. A smaller `burst` asked for is honoured by capping the links' GSO packets at
+        one MTU (`_unsegmented`). The timing model measures it (`measure_network`).
         """
-        return max(64 * 1024 + self.mtu, self.rate_bps // 8 // 1000)
+        if self.burst is None:
+            return max(GSO_PACKET + self.mtu, self.rate_bps // 8 // 1000)
+        return max(self.burst, self.mtu + ETHERNET_HEADER)
+
+    @property
+    def _unsegmented(self) -> bool:
+        """Whether packets must stay one MTU long for the bucket to be that small."""
+        return self.burst_bytes < GSO_PACKET + self.mtu
 
     def _shape(self, namespace: str, dev: str, latency_s: float) -> None:
         rate = f"{self.rate_bps}bit"
         burst = self.burst_bytes
-        quantum = min(200_000, max(self.mtu + 14, self.rate_bps // 8 // 1000))
+        quantum = min(200_000, max(self.mtu + ETHERNET_HEADER, self.rate_bps // 8 // 1000))
         self._tc(
             namespace, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1"
         )
@@ -586,7 +625,8 @@ def _in_main_thread() -> bool:
 
 @contextlib.contextmanager
 def emulated_network(
-    np: int = 2, rate: str | int = "1gbit", latency: str | float = 0.0, mtu: int = 1500
+    np: int = 2, rate: str | int = "1gbit", latency: str | float = 0.0, mtu: int = 1500,
+    burst: str | int | None = None,
 ) -> Iterator[EmulatedNetwork]:
     """Set up an emulated switched network for `np` ranks; always remove it on exit.
 
@@ -595,6 +635,8 @@ def emulated_network(
         rate: per-link rate each way, as text (`"1gbit"`) or bits/s.
         latency: added one-way latency per packet a rank sends, as text (`"1ms"`) or seconds.
         mtu: link MTU (1500 like plain Ethernet; 9000 for jumbo frames).
+        burst: each link's token bucket, as text (`"512KiB"`) or bytes; None: the
+            smallest that shapes smoothly (`EmulatedNetwork.burst_bytes`).
 
     Raises:
         NetemError: setup failed (for example latency on a kernel without sch_netem).
@@ -606,7 +648,8 @@ def emulated_network(
     """
     rate_bps = parse_rate(rate) if isinstance(rate, str) else int(rate)
     latency_s = parse_latency(latency) if isinstance(latency, str) else float(latency)
-    net = EmulatedNetwork(np, rate_bps, latency_s, mtu)
+    burst_bytes = parse_burst(burst) if isinstance(burst, str) else burst
+    net = EmulatedNetwork(np, rate_bps, latency_s, mtu, burst_bytes)
     net.setup()
     try:
         yield net
@@ -620,6 +663,7 @@ def mpirun_over_netem(
     rate: str | int = "1gbit",
     latency: str | float = 0.0,
     mtu: int = 1500,
+    burst: str | int | None = None,
     **run_kwargs: object,
 ) -> NetemRun:
     """Set up a network, run `command` on `np` ranks over it, tear it down; see `run()`.
@@ -628,7 +672,7 @@ def mpirun_over_netem(
         run = mpirun_over_netem(["python", "bench/allreduce.py"], np=4, rate="1gbit")
         sys.exit(run.returncode)
     """
-    with emulated_network(np, rate, latency, mtu) as net:
+    with emulated_network(np, rate, latency, mtu, burst) as net:
         return net.run(command, **run_kwargs)  # type: ignore[arg-type]
 
 
@@ -657,6 +701,9 @@ def _parser() -> argparse.ArgumentParser:
         "--latency", default="0", help="added one-way latency, e.g. 20us, 1ms (default 0)"
     )
     parser.add_argument("--mtu", type=int, default=1500, help="link MTU (default 1500)")
+    parser.add_argument(
+        "--burst", help="each link's token bucket, e.g. 0, 128KiB, 1MiB (default: the "
+        "smallest that shapes smoothly, 64 KiB + MTU or 1 ms of the rate)")
     parser.add_argument("--timeout", type=float, help="kill the command after this many seconds")
     parser.add_argument(
         "--mpirun-arg",
@@ -699,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rate_bps = parse_rate(args.rate)
         latency_s = parse_latency(args.latency)
+        burst = None if args.burst is None else parse_burst(args.burst)
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -729,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     try:
-        with emulated_network(args.np, rate_bps, latency_s, args.mtu) as net:
+        with emulated_network(args.np, rate_bps, latency_s, args.mtu, burst) as net:
             run = net.run(command, mpirun_args=args.mpirun_arg, timeout=args.timeout)
     except NetemError as exc:
         print(f"netem: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -281,40 +282,96 @@ def _ping_pong(comm: Any, out: Any, back: Any, segment: int | None = None,
     return time.perf_counter() - start
 
 
-def _measure_burst(comm: Any, beta: float, probe_bytes: int, repeats: int, segment: int,
+_BURST_FIRST_BYTES = 16 << 10
+_BURST_MAX_SECONDS = 0.5  # the longest single transfer the sweep may grow to
+
+
+def fit_token_bucket(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """The token bucket that best explains transfer times after idling: (bucket, β).
+
+    A token-bucket link that idled long enough sends min(m, b) bytes of an m-byte
+    transfer at line rate and the rest at its rate 1/β: t(m) = c + max(0, m - b) β, with
+    c the transfer's fixed cost. For each candidate b (each measured size, and sizes
+    between them where the kink can sit) with at least three transfers above it, c and β
+    are a least-squares line through (max(0, m - b), t); the b whose line fits best, in
+    residuals relative to each time, wins. β is fitted rather than taken from the ring
+    step: one flow on an idle link can run at another rate than a ring step's (with
+    every packet one MTU, a 2-core host sent a ring step at 55 MB/s and one flow at 85).
+    Returns (0, β) when the times are best explained without a bucket.
+    """
+    if len(sizes) != len(times) or len(sizes) < 3:
+        raise ValueError("fit_token_bucket needs at least three (size, time) pairs")
+    candidates = {0.0, *map(float, sizes)}
+    # (a kink below the smallest size fits exactly as well as none: those are b = 0)
+    for small, large in zip(sizes, sizes[1:], strict=False):
+        candidates.update(small + (large - small) * i / 16 for i in range(1, 16))
+    best = (math.inf, 0.0, 0.0)
+    for b in sorted(candidates):  # on a tie, the smaller bucket
+        excess = [max(0.0, m - b) for m in sizes]
+        if sum(x > 0 for x in excess) < 3:  # two points above the kink always fit exactly
+            continue
+        mean_x, mean_t = statistics.fmean(excess), statistics.fmean(times)
+        beta = (sum((x - mean_x) * (t - mean_t) for x, t in zip(excess, times, strict=True))
+                / sum((x - mean_x) ** 2 for x in excess))
+        c = mean_t - beta * mean_x
+        residual = sum(((c + beta * x - t) / t) ** 2 for x, t in zip(excess, times, strict=True))
+        if residual < best[0]:
+            best = (residual, b, beta)
+    return best[1], best[2]
+
+
+def _on_rate_line(sizes: list[int], times: list[float], beta: float) -> bool:
+    """Whether the last three transfers lie on one line of about the link's rate: the
+    bucket is behind them."""
+    if len(sizes) < 3:
+        return False
+    slopes = [(times[i] - times[i - 1]) / (sizes[i] - sizes[i - 1]) for i in (-2, -1)]
+    return min(slopes) >= 0.5 * beta and max(slopes) <= 1.3 * min(slopes)
+
+
+def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
                    polite: bool) -> tuple[float, float]:
     """Bytes a link sends at line rate after idling: (burst, spread) (collective).
 
-    Rank 0 sends `probe_bytes` to rank 1 (which answers with one byte) once after the
-    link idled long enough to refill a bucket that large, and once right after, on an
-    empty bucket; the time the first saves is the burst times β. One flow on one link
-    pair: a whole ring's steps vary by more than the burst saves. A probe of a few
-    buckets, not many: on emulated 1 Gbit/s links a 512 KiB transfer after an idle spell
-    mostly came out slower than the next one, a 256 KiB one found the 125 kB bucket. It
-    travels in the engine's segments: sent as one message (Open MPI's rendezvous over
-    TCP) it found no bucket at all in some runs at 1 Gbit/s and p = 2.
-    Below 50 µs or 5 % of the transfer the difference is noise (shared memory, a NIC
-    without shaping): 0.
+    Rank 0 sends transfers of doubling size to rank 1 (which answers with one byte),
+    each after the link idled long enough to refill a bucket that large, until the last
+    three lie on one line of about the link's rate (the saving stopped growing) or one
+    transfer would take `_BURST_MAX_SECONDS`. `fit_token_bucket` then finds the bucket that
+    explains the times, whatever its size: no probe size caps it. One flow on one link
+    pair: a whole ring's steps vary by more than the burst saves. The transfers travel
+    in the engine's segments: sent as one message (Open MPI's rendezvous over TCP) they
+    found no bucket at all in some runs at 1 Gbit/s and p = 2.
+    A bucket that saves less than 50 µs, or less than 5 % of the largest transfer, is
+    noise (shared memory, a NIC without shaping): 0. The spread is that of the largest
+    transfer's times.
     """
     import numpy as np
 
-    buf = np.ones(probe_bytes, dtype=np.uint8)
     ack = np.zeros(1, dtype=np.uint8)
-    refill_s = 1.5 * probe_bytes * beta + 2e-3
-    saved, drained = [], []
-    for _ in range(repeats):
-        _idle_barrier(comm)
-        time.sleep(refill_s)
-        t_full = _ping_pong(comm, buf, ack, segment, polite)
-        t_drained = _ping_pong(comm, buf, ack, segment, polite)
-        saved.append(t_drained - t_full)
-        drained.append(t_drained)
-    saved, drained = comm.bcast((saved, drained), root=0)
-    t_saved, spread = _median_spread(saved)
-    spread = abs(spread)  # the median saving can be negative: noise, not a burst
-    if t_saved < max(50e-6, 0.05 * statistics.median(drained)):
+    sizes: list[int] = []
+    times: list[float] = []
+    spread = 0.0
+    size = _BURST_FIRST_BYTES
+    while True:
+        buf = np.ones(size, dtype=np.uint8)
+        samples = []
+        for _ in range(repeats):
+            _idle_barrier(comm)
+            # the last transfer took at most `size` bytes from the bucket
+            time.sleep(1.5 * size * beta + 2e-3)
+            # ranks leave the idle barrier up to a poll apart; start the transfer together
+            comm.Barrier()
+            samples.append(_ping_pong(comm, buf, ack, segment, polite))
+        took, spread = _median_spread(comm.bcast(samples, root=0))
+        sizes.append(size)
+        times.append(took)
+        if _on_rate_line(sizes, times, beta) or 2 * size * beta > _BURST_MAX_SECONDS:
+            break
+        size *= 2
+    burst, rate_beta = fit_token_bucket(sizes, times)
+    if burst * rate_beta < max(50e-6, 0.05 * times[-1]):
         return 0.0, spread
-    return min(t_saved / beta, float(probe_bytes)), spread
+    return burst, spread
 
 
 def _per_wire_byte(cost: dict[int, float], sizes: tuple[int, int], p: int,
@@ -488,7 +545,6 @@ def measure_network(
     *,
     small_bytes: int = 8,
     large_bytes: tuple[int, int] = (4 << 20, 16 << 20),
-    burst_probe_bytes: int = 256 << 10,
     repeats: int = 20,
     kernel_bytes: int = 32 << 20,
 ) -> NetworkParams:
@@ -501,9 +557,10 @@ def measure_network(
       drops out. Not one large `Sendrecv`: over TCP, Open MPI's rendezvous for a message
       above its eager limit ran at half the link's rate in some repetitions and at full
       rate in others (16 MiB on 1 Gbit/s links: 147 or 291 ms), which the engine avoids.
-    * burst: a `burst_probe_bytes` transfer from rank 0 to 1 on a link that idled long
-      enough to refill, against one right after (`_measure_burst`); 0 unless clearly
-      faster.
+    * burst: transfers of doubling size from rank 0 to 1, each after an idle spell long
+      enough to refill a bucket that large, until the saving stops growing; the token
+      bucket that explains their times (`_measure_burst`, `fit_token_bucket`); 0 unless
+      it clearly saves time.
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
@@ -561,8 +618,8 @@ def measure_network(
             segment = engine.segment_bytes
             beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
                                                  oversubscribed)
-            burst, spread["burst"] = _measure_burst(comm, beta, burst_probe_bytes,
-                                                    max(12, repeats // 2), segment, oversubscribed)
+            burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
+                                                    oversubscribed)
 
         # S: barrier
         samples = []

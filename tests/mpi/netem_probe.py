@@ -4,8 +4,8 @@ Usage: netem_probe.py PATTERN NBYTES
     ring    every rank sends NBYTES to rank+1 and receives NBYTES from rank-1 (Sendrecv)
     fanout  rank 0 sends NBYTES to each of ranks 1 and 2 at once; they only receive
     fail    exit with status 3 after MPI_Init (a failing command)
-    burst   measure the links' token-bucket burst as the timing model does (NBYTES: the
-            link rate in bit/s); prints {"pattern", "burst_bytes"}
+    burst   measure the links' β and token-bucket burst as the timing model does (NBYTES
+            unused); prints {"pattern", "burst_bytes", "beta"}
     wakes   an engine allreduce of NBYTES of float32, once with the comm thread's poll
             sleep fixed at PIPESGD_POLL_US and once doubling (the default); prints
             {"pattern", "fixed", "doubling"}: the comm threads' wake-ups (voluntary
@@ -67,16 +67,18 @@ def main() -> int:
         return 3
     if pattern == "burst":
         import pipesgd
-        from pipesgd.timing.network import _measure_burst
+        from pipesgd.timing.network import _measure_beta, _measure_burst
 
-        # as measure_network runs it: the engine's segments, polite waits on shared cores
+        # as measure_network runs it: β from ring steps, then the burst in the engine's
+        # segments, polite waits on shared cores
         engine = pipesgd.Engine(comm)
-        burst, _ = _measure_burst(comm, 8 / nbytes, probe_bytes=256 << 10, repeats=12,
-                                  segment=engine.segment_bytes,
-                                  polite=size > (os.cpu_count() or 1))
+        segment, polite = engine.segment_bytes, size > (os.cpu_count() or 1)
+        beta, _ = _measure_beta(comm, (4 << 20, 16 << 20), 5, segment, polite)
+        burst, _ = _measure_burst(comm, beta, repeats=6, segment=segment, polite=polite)
         engine.shutdown()
         if rank == 0:
-            print(json.dumps({"pattern": pattern, "burst_bytes": burst}), flush=True)
+            print(json.dumps({"pattern": pattern, "burst_bytes": burst, "beta": beta}),
+                  flush=True)
         return 0
     if pattern == "wakes":
         fixed = comm.reduce(_engine_wakes(comm, nbytes, os.environ.get("PIPESGD_POLL_US", "50")))
