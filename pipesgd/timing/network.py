@@ -22,6 +22,7 @@ they actually use; every figure is the median of repetitions, with its spread.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -303,7 +304,7 @@ def fit_token_bucket(sizes: list[int], times: list[float]) -> tuple[float, float
         raise ValueError("fit_token_bucket needs at least three (size, time) pairs")
     candidates = {0.0, *map(float, sizes)}
     # (a kink below the smallest size fits exactly as well as none: those are b = 0)
-    for small, large in zip(sizes, sizes[1:], strict=False):
+    for small, large in itertools.pairwise(sizes):
         candidates.update(small + (large - small) * i / 16 for i in range(1, 16))
     best = (math.inf, 0.0, 0.0)
     for b in sorted(candidates):  # on a tie, the smaller bucket
