@@ -1,32 +1,40 @@
 """Predicted vs measured iteration time of every configuration and how close the model lands.
 
-For each scenario (link rate under bench/netem.py, p, model) one mpirun job
-(`--worker`) measures the network (`measure_network`), profiles the model on rank 0 alone
-(one thread, the others asleep), then trains every configuration (K in {1, 2} x
-none/trunc16/quant8 x sequential/backward overlap) with the engine, a few steps each in
-turn over several rounds, and reports each one's median iteration time. The parent
-predicts each configuration from the measured network and profile only, prints
+For each scenario (link rate and token bucket under bench/netem.py, p, model, bucket size)
+one mpirun job (`--worker`) measures the network (`measure_network`), profiles the model
+on rank 0 alone (one thread, the others asleep), then trains every configuration (K in
+{1, 2} x none/trunc16/quant8 x sequential/backward overlap) with the engine, a few steps
+each in turn over several rounds, and reports each one's median iteration time. The
+parent predicts each configuration from the measured network and profile only, prints
 predicted beside measured, and checks the targets: median |pred - meas| / meas <= 10 %,
 worst <= 25 %, and in every scenario the configuration `choose` ranks first is measured
-fastest or within 5 % of the fastest.
+fastest or within 5 % of the fastest. The exit status is 1 when a target misses.
 
-The worker times what users run: `pipesgd.DistributedOptimizer` around SGD (default 25 MB
-buckets), one `zero_grad(); backward(); step()` per iteration, on a fixed batch per rank.
+The grid (`--rates`, `--bursts`, `--ps`, `--models`, `--bucket-mb`) is what the model was
+developed on. `--held-out` runs instead scenarios kept aside while it was developed
+(`HELD_OUT`: a model it never saw, buckets small enough that one iteration makes several
+allreduces, buckets and rates off the grid), judged by the same targets.
+
+The worker times what users run: `pipesgd.DistributedOptimizer` around SGD, one
+`zero_grad(); backward(); step()` per iteration, on a fixed batch per rank.
 
     python bench/timing_suite.py                      # under the emulator (root)
+    python bench/timing_suite.py --held-out           # the scenarios kept aside
     python bench/timing_suite.py --no-netem           # shared memory, no emulator
-    python bench/timing_suite.py --rates 1gbit --ps 2 --models mlp   # a subset
+    python bench/timing_suite.py --rates 1gbit --bursts 1MiB --ps 2 --models mlp
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # (warm-up, timed) steps per configuration and round; after a round's drain the first
 # step of a pipelined configuration finds its due gradient already reduced.
+# Models of a few ms per iteration take the MLP's; of a hundred ms or more, the CNN's.
 STEPS = {"mlp": (2, 10), "cnn": (1, 2)}
 # Enough rounds that configurations the model calls equal (one bucket either way) are
 # not told apart by noise alone: MLP iterations are a few ms on a 2-core VM.
@@ -41,13 +50,44 @@ ROUNDS = {"mlp": 12, "cnn": 6}
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
 BATCH = {"mlp": 64, "cnn": 32}
+PACE = {"mlp": "mlp", "cnn": "cnn", "paper-cifar100-cnn": "cnn"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One emulated cluster and job: link rate (None: shared memory), each link's token
+    bucket (None: the emulator's default), ranks, model and the optimizer's bucket size."""
+
+    rate: str | None
+    burst: str | None
+    p: int
+    model: str
+    bucket_mb: float = 25.0
+
+    @property
+    def name(self) -> str:
+        link = "shm" if self.rate is None else self.rate + (
+            f"-b{self.burst}" if self.burst is not None else "")
+        bucket = f"-bucket{self.bucket_mb:g}MB" if self.bucket_mb != 25.0 else ""
+        return f"{link}-p{self.p}-{self.model}{bucket}"
+
+
+# Kept aside while the model was developed: a network it never saw, several buckets per
+# iteration (L > 1, eq. 6), a bucket larger than any probe it had, rates off the grid.
+HELD_OUT = (
+    Scenario("1gbit", "512KiB", 2, "paper-cifar100-cnn"),
+    Scenario("500mbit", "2MiB", 2, "mlp"),
+    Scenario("1gbit", "0", 4, "mlp", bucket_mb=0.5),
+    Scenario("300mbit", "256KiB", 4, "cnn", bucket_mb=1.0),
+    Scenario("200mbit", "1MiB", 4, "paper-cifar100-cnn"),
+)
 
 
 # ------------------------------------------------------------------------------------
 # Worker (one rank of the mpirun job)
 
 
-def worker(model_name: str, batch_size: int, out: str) -> None:
+def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None:
     import torch
     from mpi4py import MPI
 
@@ -66,7 +106,7 @@ def worker(model_name: str, batch_size: int, out: str) -> None:
         # rank 0 profiles while the others sleep; repeated between rounds (below)
         if rank == 0:
             profiles.append(profile_named(model_name, batch_size, threads=1,
-                                          repeats=PROFILE_REPEATS[model_name]))
+                                          repeats=PROFILE_REPEATS[PACE[model_name]]))
         _idle_barrier(comm)
 
     profile_alone()
@@ -76,19 +116,20 @@ def worker(model_name: str, batch_size: int, out: str) -> None:
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(batch_size, *spec.input_shape, generator=gen)
     y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
-    warmup, timed = STEPS[model_name]
+    pace = PACE[model_name]
+    warmup, timed = STEPS[pace]
     # Every configuration runs a few steps per round, round after round, so a spell of
     # load on the machine hits all of them alike instead of the one running then.
     runs = []
     for cfg in all_configs():
-        # What users run: the optimizer wrapper, default 25 MB buckets.
+        # What users run: the optimizer wrapper.
         model = spec.build(seed=0)
         opt = pipesgd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=1e-3), model.named_parameters(),
             staleness=cfg.staleness, compression=cfg.compression, overlap=cfg.overlap,
-            engine=engine, comm=comm)
+            bucket_mb=bucket_mb, engine=engine, comm=comm)
         runs.append((cfg, model, opt, []))
-    for _ in range(ROUNDS[model_name]):
+    for _ in range(ROUNDS[pace]):
         for _cfg, model, opt, times in runs:
             comm.Barrier()
             for step in range(warmup + timed):
@@ -139,31 +180,33 @@ def median_profile(profiles: list) -> Any:
 # Parent
 
 
-def run_scenario(rate: str | None, p: int, model: str, out: Path, timeout: float) -> dict:
+def run_scenario(scenario: Scenario, out: Path, timeout: float) -> dict:
+    model = scenario.model
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model,
-           str(BATCH[model]), str(out)]
+           str(BATCH[PACE[model]]), str(scenario.bucket_mb), str(out)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    if rate is None:
+    if scenario.rate is None:
         mpirun = Path(sys.executable).parent / "mpirun"
-        subprocess.run([str(mpirun), "--oversubscribe", "-n", str(p), *cmd], check=True,
-                       env=env, cwd=ROOT, timeout=timeout)
+        subprocess.run([str(mpirun), "--oversubscribe", "-n", str(scenario.p), *cmd],
+                       check=True, env=env, cwd=ROOT, timeout=timeout)
     else:
         sys.path.insert(0, str(ROOT / "bench"))
         from netem import mpirun_over_netem
 
-        run = mpirun_over_netem(cmd, np=p, rate=rate, env=env, cwd=ROOT, timeout=timeout)
+        run = mpirun_over_netem(cmd, np=scenario.p, rate=scenario.rate, burst=scenario.burst,
+                                env=env, cwd=ROOT, timeout=timeout)
         if run.returncode != 0:
-            raise RuntimeError(f"scenario {rate} p={p} {model} failed: {run.returncode}")
+            raise RuntimeError(f"scenario {scenario.name} failed: {run.returncode}")
     return json.loads(out.read_text())
 
 
-def evaluate(data: dict, p: int) -> dict:
+def evaluate(data: dict, scenario: Scenario) -> dict:
     from pipesgd.timing import NetworkParams, Profile, choose
 
     net = NetworkParams.from_dict(data["network"])
     prof = Profile.from_dict(data["profile"])
-    ranked = choose(prof, net, p)
+    ranked = choose(prof, net, scenario.p, bucket_bytes=int(scenario.bucket_mb * (1 << 20)))
     measured = {(r["staleness"], r["compression"], r["overlap"]): r["measured_s"]
                 for r in data["runs"]}
     rows = []
@@ -180,57 +223,95 @@ def evaluate(data: dict, p: int) -> dict:
             "ranked": ranked, "measured": measured}
 
 
+def grid(args: argparse.Namespace) -> list[Scenario]:
+    if args.held_out:
+        return list(HELD_OUT)
+    rates: list[str | None] = [None] if args.no_netem else args.rates.split(",")
+    bursts: list[str | None] = [None] if args.no_netem else args.bursts.split(",")
+    return [Scenario(rate, burst, p, model, args.bucket_mb)
+            for rate in rates for burst in bursts
+            for p in (int(v) for v in args.ps.split(","))
+            for model in args.models.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
-        worker(argv[1], int(argv[2]), argv[3])
+        worker(argv[1], int(argv[2]), float(argv[3]), argv[4])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="1gbit,200mbit")
+    ap.add_argument("--bursts", default="0,128KiB,1MiB",
+                    help="each link's token bucket (bench/netem.py --burst)")
     ap.add_argument("--ps", default="2,4")
     ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--bucket-mb", type=float, default=25.0,
+                    help="the optimizer's bucket size (default 25, as DDP's)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="run the scenarios kept aside while developing the model instead")
     ap.add_argument("--no-netem", action="store_true", help="shared memory, no emulator")
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--out", default=str(RESULTS / "timing_suite.json"))
+    ap.add_argument("--out", help="JSON summary (default: bench/results/timing_suite.json, "
+                    "timing_suite_held_out.json with --held-out)")
     args = ap.parse_args(argv)
 
     from pipesgd.timing.report import format_ranking, plot_breakdown
 
-    rates = [None] if args.no_netem else args.rates.split(",")
+    out = Path(args.out or RESULTS / ("timing_suite_held_out.json" if args.held_out
+                                      else "timing_suite.json"))
     RESULTS.mkdir(parents=True, exist_ok=True)
     scenarios, errors = [], []
-    for rate in rates:
-        for p in (int(v) for v in args.ps.split(",")):
-            for model in args.models.split(","):
-                name = f"{rate or 'shm'}-p{p}-{model}"
-                raw = RESULTS / f"timing_suite_{name}.raw.json"
-                t0 = time.time()
-                data = run_scenario(rate, p, model, raw, args.timeout)
-                ev = evaluate(data, p)
-                print(f"\n== {name}  ({time.time() - t0:.0f} s)")
-                print(format_ranking(ev["ranked"], ev["measured"]))
-                print(f"choose's pick {ev['pick']}: measured {ev['pick_measured_s'] * 1e3:.2f}"
-                      f" ms, fastest measured {ev['fastest_measured_s'] * 1e3:.2f} ms -> "
-                      f"{'OK' if ev['pick_within_5pct'] else 'MISS'}")
-                png = RESULTS / f"timing_suite_{name}.png"
-                plot_breakdown(ev["ranked"], png, name, ev["measured"])
-                errors += [abs(r["rel_error"]) for r in ev["rows"]]
-                scenarios.append({"name": name, "rate": rate, "p": p, "model": model,
-                                  "network": data["network"], "profile": data["profile"],
-                                  "rows": ev["rows"], "pick": ev["pick"],
-                                  "pick_within_5pct": ev["pick_within_5pct"]})
+    for scenario in grid(args):
+        name = scenario.name
+        raw = RESULTS / f"timing_suite_{name}.raw.json"
+        t0 = time.time()
+        data = run_scenario(scenario, raw, args.timeout)
+        ev = evaluate(data, scenario)
+        print(f"\n== {name}  ({time.time() - t0:.0f} s)")
+        print(format_ranking(ev["ranked"], ev["measured"]))
+        print(f"choose's pick {ev['pick']}: measured {ev['pick_measured_s'] * 1e3:.2f}"
+              f" ms, fastest measured {ev['fastest_measured_s'] * 1e3:.2f} ms -> "
+              f"{'OK' if ev['pick_within_5pct'] else 'MISS'}")
+        plot_breakdown(ev["ranked"], RESULTS / f"timing_suite_{name}.png", name, ev["measured"])
+        errors += [abs(r["rel_error"]) for r in ev["rows"]]
+        scenarios.append({"name": name, **dataclasses.asdict(scenario),
+                          "network": data["network"], "profile": data["profile"],
+                          "rows": ev["rows"], "pick": ev["pick"],
+                          "pick_within_5pct": ev["pick_within_5pct"]})
     median_err, worst_err = statistics.median(errors), max(errors)
     picks = all(s["pick_within_5pct"] for s in scenarios)
     summary = {"median_abs_rel_error": median_err, "worst_abs_rel_error": worst_err,
                "picks_ok": picks, "targets": {"median": median_err <= 0.10,
                                               "worst": worst_err <= 0.25, "pick": picks},
-               "netem": not args.no_netem, "scenarios": scenarios}
-    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+               "netem": not args.no_netem, "held_out": args.held_out,
+               "scenarios": scenarios}
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n" + summary_table(scenarios))
     verdict = "PASS" if all(summary["targets"].values()) else "FAIL"
     print(f"\nmedian |err| {median_err:.1%} (target 10%), worst {worst_err:.1%} (target 25%), "
           f"choose's pick within 5% of fastest in every scenario: {picks} -> {verdict}")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0 if verdict == "PASS" else 1
+
+
+def summary_table(scenarios: list[dict]) -> str:
+    """One Markdown row per scenario, as BENCHMARKS.md shows them."""
+    lines = ["| scenario | median abs err | worst (config) | choose's pick | pick measured / "
+             "fastest | β (Mbit/s) | burst found | L |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s in scenarios:
+        errs = [abs(r["rel_error"]) for r in s["rows"]]
+        worst = max(s["rows"], key=lambda r: abs(r["rel_error"]))
+        pick = s["rows"][0]
+        fastest = min(r["measured_s"] for r in s["rows"])
+        net = s["network"]
+        segments = max(r["segments"] for r in s["rows"])
+        lines.append(
+            f"| {s['name']} | {statistics.median(errs):.1%} | {worst['rel_error']:+.1%} "
+            f"({worst['label']}) | {s['pick']} | {pick['measured_s'] / fastest:.2f} | "
+            f"{8 / net['beta_s_per_byte'] / 1e6:.0f} | {net['burst_bytes'] / 1e3:.0f} kB | "
+            f"{segments} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
