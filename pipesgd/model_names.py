@@ -1,15 +1,19 @@
-"""Naming a model on the command line: "mlp", "cnn", or MODULE:FUNCTION for your own.
+"""Naming a model on the command line: "mlp", "cnn", a network of the Pipe-SGD paper
+("paper-mnist-mlp", "paper-cifar100-cnn", "alexnet", "resnet18"), or MODULE:FUNCTION for
+your own.
 
 MODULE is an importable module (`mypackage.models`) or the path of a Python file
 (`./models.py`); FUNCTION takes no arguments and returns a `torch.nn.Module`. An
 `nn.Sequential` keeps its children as layers, so a pipeline plan can cut between them;
 any other module is one layer. The built-in MLP takes its input size and class count
 from the data it will see, so `pipesgd timing predict` and `pipesgd train` name the same
-network for the same data.
+network for the same data. The paper's networks take the samples they were published
+for (`pipesgd.paper_models`) and the data's class count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import math
@@ -19,11 +23,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipesgd.pipeline.models import LayerModel, cnn, from_modules, mlp
+from pipesgd.paper_models import PAPER_NETWORKS
+from pipesgd.pipeline.models import LayerModel, cnn, from_modules, mlp, paper
 
-BUILTIN = ("mlp", "cnn")
-HELP = ("mlp (input-500-500-classes), cnn (the small AlexNet-style CNN), or MODULE:FUNCTION, "
-        "a function of a module or .py file that returns a torch.nn.Module")
+BUILTIN = ("mlp", "cnn", *PAPER_NETWORKS)
+HELP = ("mlp (input-500-500-classes), cnn (the small AlexNet-style CNN), a network of the "
+        "Pipe-SGD paper (" + ", ".join(PAPER_NETWORKS) + "), or MODULE:FUNCTION, a function "
+        "of a module or .py file that returns a torch.nn.Module")
 
 
 def load_model_function(spec: str) -> Callable[[], nn.Module]:
@@ -35,8 +41,9 @@ def load_model_function(spec: str) -> Callable[[], nn.Module]:
     """
     module_name, sep, function = spec.rpartition(":")
     if not sep or not module_name or not function.isidentifier():
-        raise ValueError(f"--model {spec!r}: expected one of {', '.join(BUILTIN)} or "
-                         "MODULE:FUNCTION (e.g. mymodels:resnet or ./models.py:build)")
+        raise ValueError(f"--model {spec!r}: expected one of mlp, cnn or MODULE:FUNCTION "
+                         "(e.g. mymodels:resnet or ./models.py:build), or a network of the "
+                         f"Pipe-SGD paper: {', '.join(PAPER_NETWORKS)}")
     try:
         if module_name.endswith(".py") or "/" in module_name:
             path = Path(module_name).expanduser().resolve()
@@ -61,14 +68,23 @@ def layer_model(spec: str, input_shape: tuple[int, ...], num_classes: int,
 
     A MODULE:FUNCTION model is built once, under `torch.manual_seed(seed)` so that every
     rank builds the same weights; `input_shape` and `num_classes` only describe its data.
+    A network of the paper keeps its published shapes, with `num_classes` outputs.
 
     Raises:
-        ValueError: an unknown or broken spec, or a function that returns no module.
+        ValueError: an unknown or broken spec, a function that returns no module, or a
+            paper's network given samples of another shape.
     """
     if spec == "mlp":
         return mlp((math.prod(input_shape), 500, 500, num_classes))
     if spec == "cnn":
         return cnn(num_classes, channels=input_shape[0])
+    if spec in PAPER_NETWORKS:
+        net = PAPER_NETWORKS[spec]
+        if not net.accepts(tuple(input_shape)):
+            want = "x".join(map(str, net.input_shape))
+            raise ValueError(f"--model {spec!r} takes samples of {want} (the paper's "
+                             f"{net.title}); the data's are {'x'.join(map(str, input_shape))}")
+        return dataclasses.replace(paper(spec, num_classes), input_shape=tuple(input_shape))
     fn = load_model_function(spec)
     state = torch.random.get_rng_state()
     try:

@@ -27,8 +27,10 @@ KERNELS = {
 
 
 def net(**kw):
+    # beta_cpu > 0: the comm thread's CPU moves the bytes, so kernels and transfer add up
+    # as in eq. 5 (a NIC's DMA, beta_cpu = 0, hides the kernels: tested on its own below)
     base = dict(alpha_s=1e-5, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, sync_s=2e-5,
-                kernels=KERNELS, copy_s_per_byte=0.0, beta_cpu_s_per_byte=0.0, cores=64,
+                kernels=KERNELS, copy_s_per_byte=0.0, beta_cpu_s_per_byte=1e-9, cores=64,
                 ranks_per_host=1)
     base.update(kw)
     return NetworkParams(**base)
@@ -342,3 +344,59 @@ def test_kernel_costs_from_before_the_fused_owner_hop():
     assert (k.encode, k.decode_add_encode, k.decode) == (1e-10, 3e-10, 2e-10)
     restored = NetworkParams.from_dict({**net().to_dict(), "kernels": {"quant8": old}})
     assert restored.kernel("quant8") == k
+
+
+# -- kernels behind the wire (a NIC's DMA) and the host's rates -----------------------
+
+def test_dma_ring_hides_the_reduction_behind_the_transfer_by_hand():
+    # p = 4, n = 4e6: chunks of 1e6 B in 256 KiB segments (4 per chunk). The wire takes
+    # 6 x 1e6 x 1 ns = 6 ms, the 3 reductions 3 x 1e6 x 0.1 ns = 0.3 ms, of which only the
+    # last segment's (0.3 ms / (3 x 4)) is not behind the wire.
+    seg = 256 << 10
+    dma = ring_allreduce_cost(4e6, 4, net(beta_cpu_s_per_byte=0.0), "none", seg)
+    assert dma.wall() == pytest.approx(6e-5 + 6e-3 + 0.3e-3 / 12 + 2e-5)
+    assert dma.kernels == pytest.approx(0.3e-3 / 12)
+    assert dma.cpu == pytest.approx(0.3e-3)  # the core still does all of it
+    # where the comm thread's CPU moves the bytes they take turns: eq. 5's sum
+    cpu = ring_allreduce_cost(4e6, 4, net(beta_cpu_s_per_byte=1e-9), "none", seg)
+    assert cpu.wall() == pytest.approx(6e-5 + 6e-3 + 0.3e-3 + 2e-5)
+    assert cpu.kernels == pytest.approx(0.3e-3)
+
+
+def test_dma_ring_bound_by_its_kernels_by_hand():
+    # quant8 on a fast link: kernels 1e6 B x (encode 0.2 + 2 decode_add_encode 0.5 + owner
+    # 0.3 + 3 decodes 0.1) ns = 1.8 ms; the wire 6 x (250000 + 4) B x 0.01 ns = 15 us.
+    # One segment per chunk (1 MiB), 2(p-1) = 6 kernel calls: the fill is 1.8 ms / 6.
+    nw = net(beta_s_per_byte=1e-11, beta_cpu_s_per_byte=0.0)
+    cost = ring_allreduce_cost(4e6, 4, nw, "quant8")
+    kernels = 1e6 * (2e-10 + 2 * 5e-10 + 3e-10 + 3 * 1e-10)
+    assert cost.transfer == pytest.approx(6 * 250004 * 1e-11)
+    assert cost.wall() == pytest.approx(6e-5 + kernels + kernels / 6 + 2e-5)
+    # Pipe-SGD on that cluster hides it all behind 35 ms of compute; D-Sync pays it
+    d = predict(prof(), nw, 4, staleness=1, compression="quant8")
+    assert d.predicted_s == pytest.approx(0.035 + 6e-5 + kernels * 7 / 6 + 2e-5)
+
+
+def test_described_cluster_host_rates_scale_together():
+    from pipesgd.timing.cluster import HOST_CPU_DEFAULTS, describe_host
+
+    base = describe_cluster("10Gbit", "20us")
+    assert base.gamma_s_per_byte == HOST_CPU_DEFAULTS["gamma_s_per_byte"]
+    fast = describe_cluster("10Gbit", "20us", host_gbps=20)
+    factor = (1 / 20e9) / 1.9e-10  # the development VM reduces 1 / 1.9e-10 B/s
+    assert fast.gamma_s_per_byte == pytest.approx(5e-11)
+    assert fast.copy_s_per_byte == pytest.approx(6.8e-11 * factor)
+    assert fast.kernel("quant8").decode_add_encode == pytest.approx(1.48e-10 * factor)
+    assert fast.kernel("trunc16").encode == pytest.approx(6.1e-11 * factor)
+    assert fast.beta_s_per_byte == base.beta_s_per_byte
+    assert "reduction 5.3 GB/s per core" in describe_host(base)
+    assert "HOST_CPU_DEFAULTS" in describe_host(base)
+    assert "reduction 20.0 GB/s per core" in describe_host(fast, 20)
+    assert "--host-gbps 20" in describe_host(fast, 20)
+    # from a measured host instead of the defaults
+    measured = describe_cluster("10Gbit", "20us", cpu_from=net(), host_gbps=5)
+    assert measured.gamma_s_per_byte == pytest.approx(2e-10)
+    assert measured.kernel("trunc16").decode == pytest.approx(2e-10 * 2)
+    for bad in (0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="host_gbps must be a positive number"):
+            describe_cluster("10Gbit", "20us", host_gbps=bad)

@@ -7,12 +7,15 @@ weights (a single process building all layers gets them too, for reference runs)
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from pipesgd.paper_models import PAPER_NETWORKS, paper_network
 
 
 @dataclass(frozen=True)
@@ -116,4 +119,21 @@ def cnn(num_classes: int = 10, channels: int = 3, batch_norm: bool = False) -> L
     return LayerModel("cnn", tuple(builders), (channels, 32, 32), num_classes)
 
 
-MODELS: dict[str, Callable[[], LayerModel]] = {"mlp": mlp, "cnn": cnn}
+def paper(name: str, num_classes: int | None = None) -> LayerModel:
+    """A network of the Pipe-SGD paper (`pipesgd.paper_models`: "paper-mnist-mlp",
+    "paper-cifar100-cnn", "alexnet", "resnet18") for its own input shape, with
+    `num_classes` outputs (None: its data set's).
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    net = paper_network(name)
+    classes = net.num_classes if num_classes is None else num_classes
+    return LayerModel(name, net.layers(classes), net.input_shape, classes)
+
+
+MODELS: dict[str, Callable[[], LayerModel]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    **{name: functools.partial(paper, name) for name in PAPER_NETWORKS},
+}

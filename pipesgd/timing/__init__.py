@@ -5,12 +5,14 @@
     model.py     predict(...), choose(...), the equations   iteration time per config
     cluster.py   describe_cluster("10Gbit", "20us"), CLUSTERS   clusters given by hand
     report.py    tables, the projection over p, PNG of the breakdown
-    cli.py       `pipesgd timing measure | predict | project`
+    paper.py     reproduce_paper(...), ps_sync(...)     the paper's §4 benchmarks, PS-Sync
+    cli.py       `pipesgd timing measure | predict | project | reproduce-paper`
 """
 
 from pipesgd.timing.cluster import (
     CLUSTERS,
     describe_cluster,
+    describe_host,
     named_cluster,
     parse_bandwidth,
     parse_duration,
@@ -24,6 +26,7 @@ from pipesgd.timing.model import (
     ring_allreduce_cost,
 )
 from pipesgd.timing.network import KernelCosts, NetworkParams, measure_network
+from pipesgd.timing.paper import ps_sync, reproduce_paper
 from pipesgd.timing.profile import Profile, profile, profile_named
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "all_configs",
     "choose",
     "describe_cluster",
+    "describe_host",
     "measure_network",
     "named_cluster",
     "parse_bandwidth",
@@ -43,5 +47,7 @@ __all__ = [
     "predict",
     "profile",
     "profile_named",
+    "ps_sync",
+    "reproduce_paper",
     "ring_allreduce_cost",
 ]

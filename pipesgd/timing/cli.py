@@ -1,10 +1,12 @@
-"""`pipesgd timing measure | predict | project`: the timing model on the command line.
+"""`pipesgd timing measure | predict | project | reproduce-paper`: the timing model on the
+command line.
 
     mpirun -n 2 pipesgd timing measure --json net.json
     pipesgd timing predict --model mlp --batch-size 64 -p 2 --network net.json --json pred.json
     pipesgd timing predict --model cnn --batch-size 32 -p 8 --bandwidth 10Gbit --latency 20us
-    pipesgd timing project --model cnn --batch-size 32 --speedup 100
+    pipesgd timing project --model cnn --batch-size 32 --speedup 100 --host-gbps 10
     pipesgd timing predict --model ./models.py:build --input-shape 784 --classes 10 -p 4 ...
+    pipesgd timing reproduce-paper --markdown --json paper.json
 """
 
 from __future__ import annotations
@@ -16,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd.model_names import BUILTIN, HELP, parse_shape
+from pipesgd.timing.cluster import HOST_CPU_DEFAULTS
+from pipesgd.timing.paper import BENCHMARKS
 
 GPU_SPEEDUP = 100.0  # a GPU against the one CPU core a profile here is taken on
+HOST_GBPS_HELP = ("GB/s of float32 one host core reduces, for a cluster described by "
+                  "--bandwidth (or a named one): γ, memcpy and compression kernel costs "
+                  "scale with it (default: the development VM's, "
+                  f"{1e-9 / HOST_CPU_DEFAULTS['gamma_s_per_byte']:.1f})")  # type: ignore[operator]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         s.add_argument("--cores", type=int, help="cores per host (default: this machine's)")
         s.add_argument("--ranks-per-host", type=int,
                        help="ranks per host (default: 1 by hand, measured with --network)")
+        s.add_argument("--host-gbps", type=float, help=HOST_GBPS_HELP)
         s.add_argument("--json", help="write the predictions here")
     pr = sub.choices["predict"]
     pr.add_argument("-p", "--ranks", type=int, required=True, dest="p", help="number of ranks")
@@ -59,11 +68,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pj.add_argument("--clusters", default="10GbE,100Gbit", help="named clusters, comma-separated")
     pj.add_argument("--markdown", action="store_true", help="print a Markdown table")
 
+    rp = sub.add_parser("reproduce-paper",
+                        help="the Pipe-SGD paper's four benchmarks on its 4-node 10GbE cluster")
+    rp.add_argument("--benchmarks", default=",".join(BENCHMARKS),
+                    help=f"comma-separated from {', '.join(BENCHMARKS)} (default: all)")
+    rp.add_argument("--profile", action="append", default=[], metavar="BENCHMARK=FILE",
+                    help="a profile JSON for one benchmark instead of profiling it here "
+                         "(repeatable); scaled linearly to the paper's batch if taken at "
+                         "another, then divided by --speedup")
+    rp.add_argument("--profile-batch", type=int,
+                    help="batch per worker to profile at (default: the paper's, 8 for "
+                         "AlexNet and ResNet-18); forward and backward scale linearly")
+    rp.add_argument("--threads", type=int, default=1,
+                    help="torch threads while profiling (default 1)")
+    rp.add_argument("--speedup", type=float, default=None,
+                    help=f"divide compute times by this (default {GPU_SPEEDUP:g}, "
+                         "GPU_SPEEDUP: a GPU against one core here)")
+    rp.add_argument("--host-gbps", type=float, help=HOST_GBPS_HELP)
+    rp.add_argument("--json", help="write the table here")
+    rp.add_argument("--markdown", action="store_true", help="print a Markdown table")
+
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return {"measure": _measure, "predict": _predict, "project": _project}[
-            args.timing_command](args)
+        return {"measure": _measure, "predict": _predict, "project": _project,
+                "reproduce-paper": _reproduce_paper}[args.timing_command](args)
     except (ValueError, FileNotFoundError) as err:
         print(f"pipesgd timing {args.timing_command}: error: {err}", file=sys.stderr)
         return 2
@@ -143,6 +172,9 @@ def load_network(args: argparse.Namespace) -> Any:
 
     if args.network and args.bandwidth:
         raise ValueError("give either --network FILE or --bandwidth/--latency, not both")
+    if args.network and args.host_gbps is not None:
+        raise ValueError("--host-gbps describes the host of a cluster given by --bandwidth; "
+                         "a --network file carries its host's measured costs")
     if args.network:
         net = NetworkParams.load(args.network)
         if args.cores:
@@ -155,7 +187,7 @@ def load_network(args: argparse.Namespace) -> Any:
                          "`mpirun -n P pipesgd timing measure --json net.json`) or "
                          "--bandwidth 10Gbit --latency 20us")
     return describe_cluster(args.bandwidth, args.latency, cores=args.cores,
-                            ranks_per_host=args.ranks_per_host or 1)
+                            ranks_per_host=args.ranks_per_host or 1, host_gbps=args.host_gbps)
 
 
 def load_measured(path: str) -> dict[tuple[int, str, str], float]:
@@ -177,6 +209,7 @@ def load_measured(path: str) -> dict[tuple[int, str, str], float]:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from pipesgd.timing.cluster import describe_host
     from pipesgd.timing.model import choose
     from pipesgd.timing.report import format_ranking, plot_breakdown
 
@@ -188,6 +221,8 @@ def _predict(args: argparse.Namespace) -> int:
     print(f"model {prof.model}, batch {prof.batch_size}/rank: l_for {prof.forward_s * 1e3:.2f} "
           f"ms, l_back {prof.backward_s * 1e3:.2f} ms, l_up {prof.update_s * 1e3:.2f} ms, "
           f"n {prof.gradient_bytes / 1e6:.2f} MB; p = {args.p}; network: {net.source}")
+    if not args.network:
+        print(describe_host(net, args.host_gbps))
     print(format_ranking(ranked, measured))
     png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     if args.json:
@@ -206,28 +241,133 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _project(args: argparse.Namespace) -> int:
-    from pipesgd.timing.cluster import describe_cluster, named_cluster
+    from pipesgd.timing.cluster import describe_cluster, describe_host, named_cluster
     from pipesgd.timing.network import NetworkParams
     from pipesgd.timing.report import format_projection, projection
 
     if args.speedup is None:
         args.speedup = GPU_SPEEDUP
-    prof = load_profile(args)
     cpu_from = NetworkParams.load(args.network) if args.network else None
     clusters = {}
     if args.bandwidth:
         clusters[f"{args.bandwidth}/{args.latency}"] = describe_cluster(
             args.bandwidth, args.latency, cores=args.cores,
-            ranks_per_host=args.ranks_per_host or 1, cpu_from=cpu_from)
+            ranks_per_host=args.ranks_per_host or 1, cpu_from=cpu_from,
+            host_gbps=args.host_gbps)
     else:
         for name in args.clusters.split(","):
-            clusters[name] = named_cluster(name.strip(), cpu_from)
+            clusters[name] = named_cluster(name.strip(), cpu_from, args.host_gbps)
+    prof = load_profile(args)
     rows = projection(prof, clusters)
     print(f"model {prof.model}, batch {prof.batch_size}/rank, compute scaled by 1/"
           f"{args.speedup:g}: l_for+l_back {prof.compute_s * 1e3:.3f} ms, l_up "
           f"{prof.update_s * 1e3:.3f} ms, n {prof.gradient_bytes / 1e6:.2f} MB")
+    print(describe_host(next(iter(clusters.values())), args.host_gbps, cpu_from))
     print(format_projection(rows, markdown=args.markdown))
     if args.json:
         Path(args.json).write_text(json.dumps({"profile": prof.to_dict(), "rows": rows},
                                               indent=2) + "\n")
+    return 0
+
+
+def parse_profiles(items: list[str]) -> dict[str, str]:
+    """--profile BENCHMARK=FILE options -> {benchmark: file}.
+
+    Raises:
+        ValueError: an item without '=' or naming an unknown benchmark.
+    """
+    from pipesgd.timing.paper import benchmark
+
+    files = {}
+    for item in items:
+        key, sep, path = item.partition("=")
+        if not sep or not path:
+            raise ValueError(f"--profile {item!r}: expected BENCHMARK=FILE, e.g. "
+                             "--profile alexnet=alexnet.json")
+        benchmark(key.strip())
+        files[key.strip()] = path
+    return files
+
+
+def _reproduce_paper(args: argparse.Namespace) -> int:
+    from pipesgd.timing.cluster import CLUSTERS, describe_host, named_cluster
+    from pipesgd.timing.paper import (
+        PAPER_CLUSTER,
+        PAPER_WORKERS,
+        at_batch,
+        benchmark,
+        format_result,
+        profile_benchmark,
+        profiled_batch,
+        reproduce_paper,
+    )
+    from pipesgd.timing.profile import Profile
+
+    speedup = GPU_SPEEDUP if args.speedup is None else args.speedup
+    if not speedup > 0:
+        raise ValueError(f"--speedup must be > 0, got {speedup:g}")
+    if args.profile_batch is not None and args.profile_batch < 1:
+        raise ValueError(f"--profile-batch must be >= 1, got {args.profile_batch}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    keys = [k.strip() for k in args.benchmarks.split(",") if k.strip()]
+    for key in keys:
+        benchmark(key)
+    files = parse_profiles(args.profile)
+    net = named_cluster(PAPER_CLUSTER, host_gbps=args.host_gbps)
+    spec = CLUSTERS[PAPER_CLUSTER]
+    notes = []
+    profiles = {}
+    for key in keys:
+        bench = benchmark(key)
+        target = bench.batch_per_worker(PAPER_WORKERS)
+        if key in files:
+            prof = Profile.load(files[key])
+            if prof.batch_size and prof.batch_size != target:
+                notes.append(f"{bench.title}: profile {files[key]} taken at batch "
+                             f"{prof.batch_size}, forward and backward scaled linearly to "
+                             f"{target}")
+            else:
+                notes.append(f"{bench.title}: profile {files[key]}")
+            prof = at_batch(prof, target)
+        else:
+            batch = profiled_batch(key, args.profile_batch, PAPER_WORKERS)
+            prof = profile_benchmark(key, profile_batch=batch, threads=args.threads)
+            if batch != target:
+                notes.append(f"{bench.title}: profiled at batch {batch}, forward and "
+                             f"backward scaled linearly to {target}")
+        if bench.last_layer_only:
+            notes.append(f"{bench.title}: only the last layer is trained "
+                         f"({prof.gradient_bytes / 1e3:.1f} kB of gradient), as in the paper")
+        profiles[key] = prof.scaled(speedup)
+    result = reproduce_paper(profiles, net, PAPER_WORKERS)
+    host = describe_host(net, args.host_gbps)
+    result["setting"] = {
+        "workers": PAPER_WORKERS,
+        "cluster": {"name": PAPER_CLUSTER, **spec},
+        "speedup": speedup,
+        "host": host,
+        "notes": notes,
+    }
+    print(f"Pipe-SGD §4 through the timing model: {PAPER_WORKERS} workers, one per host, "
+          f"{PAPER_CLUSTER} ({spec['bandwidth']} links, {spec['latency']} latency); "
+          "sequential communication; PS-Sync on one more node (pipesgd.timing.paper)")
+    sources = []
+    if any(key not in files for key in keys):
+        sources.append(f"profiled here on {args.threads} thread"
+                       + ("s" if args.threads > 1 else ""))
+    if any(key in files for key in keys):
+        sources.append("given (--profile)")
+    print(f"compute: {' and '.join(sources)}, at the paper's batch per worker, divided by "
+          f"{speedup:g} (--speedup"
+          + ("; default GPU_SPEEDUP, a GPU against one core here)" if args.speedup is None
+             else ")"))
+    for note in notes:
+        print(f"  {note}")
+    print(host)
+    print()
+    print(format_result(result, markdown=args.markdown))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
     return 0

@@ -1,14 +1,19 @@
 """Hand-given clusters: parse `10Gbit` / `20us`, and the named clusters of the projection.
 
 A cluster is a `NetworkParams` whose α and β come from the user (latency, link rate)
-instead of a measurement. The per-byte CPU costs (γ and the compression kernels) are
-properties of the host CPU, not of the link; they default to `HOST_CPU_DEFAULTS`, the
-values `pipesgd timing measure` found on the 2-core development machine
-(`bench/results/timing_suite.json`), or are taken from a measured network file.
+instead of a measurement. The per-byte CPU costs (γ, the copy and the compression
+kernels) are properties of the host CPU, not of the link; they default to
+`HOST_CPU_DEFAULTS`, the values `pipesgd timing measure` found on one core of the 2-core
+development machine (`bench/timing_suite.py`), or are taken from a measured network
+file. `host_gbps` stands for another host: the rate at which one of its cores reduces
+float32 (GB/s of input), every per-byte CPU cost scaled by the same factor.
+`describe_host` says which host a cluster assumes, for the tables that use it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 
 from pipesgd.timing.network import KernelCosts, NetworkParams
@@ -86,6 +91,57 @@ HOST_CPU_DEFAULTS = {
 }
 
 
+HOST_CPU_ORIGIN = ("HOST_CPU_DEFAULTS: one core of the 2-core development VM, measured by "
+                   "`pipesgd timing measure`")
+
+
+def reduction_gbps(net: NetworkParams) -> float:
+    """GB/s of float32 input one core of `net`'s host reduces: 1 / γ (inf for γ = 0)."""
+    return math.inf if net.gamma_s_per_byte == 0 else 1e-9 / net.gamma_s_per_byte
+
+
+def _check_host_gbps(value: float | None) -> None:
+    if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                  and value > 0 and math.isfinite(value)):
+        raise ValueError(f"host_gbps must be a positive number of GB/s (the rate one core "
+                         f"reduces float32, e.g. --host-gbps 10), got {value!r}")
+
+
+def scale_host(net: NetworkParams, host_gbps: float) -> NetworkParams:
+    """`net` on a host whose cores reduce float32 at `host_gbps` GB/s: γ = 1 / host_gbps,
+    and the copy and every kernel cost scaled by the same factor (the link is kept).
+
+    Raises:
+        ValueError: `host_gbps` is not a positive number, or `net` has no γ to scale.
+    """
+    _check_host_gbps(host_gbps)
+    if net.gamma_s_per_byte <= 0:
+        raise ValueError("cannot scale a host whose reduction costs nothing (γ = 0)")
+    factor = 1e-9 / host_gbps / net.gamma_s_per_byte
+    kernels = {mode: KernelCosts(*(factor * v for v in dataclasses.astuple(k)))
+               for mode, k in net.kernels.items()}
+    return dataclasses.replace(net, gamma_s_per_byte=net.gamma_s_per_byte * factor,
+                               copy_s_per_byte=net.copy_s_per_byte * factor, kernels=kernels)
+
+
+def describe_host(net: NetworkParams, host_gbps: float | None = None,
+                  cpu_from: NetworkParams | None = None) -> str:
+    """One line: the host CPU rates a described cluster uses and where they come from
+    (`host_gbps` and `cpu_from` as given to `describe_cluster`)."""
+    rates = [f"reduction {reduction_gbps(net):.1f} GB/s per core"]
+    if net.copy_s_per_byte:
+        rates.append(f"memcpy {1e-9 / net.copy_s_per_byte:.1f} GB/s")
+    for mode, k in net.kernels.items():
+        if k.decode_add_encode:
+            rates.append(f"{mode} reduce hop {1e-9 / k.decode_add_encode:.1f} GB/s")
+    base = f"measured: {cpu_from.source}" if cpu_from is not None else HOST_CPU_ORIGIN
+    if host_gbps is None:
+        origin = f"{base}; --host-gbps sets another host's"
+    else:
+        origin = f"--host-gbps {host_gbps:g}; the other rates scaled alike from {base}"
+    return f"host: {', '.join(rates)} ({origin})"
+
+
 def describe_cluster(
     bandwidth: str | float,
     latency: str | float,
@@ -94,6 +150,7 @@ def describe_cluster(
     ranks_per_host: int | None = 1,
     sync: str | float | None = None,
     cpu_from: NetworkParams | None = None,
+    host_gbps: float | None = None,
     name: str = "",
 ) -> NetworkParams:
     """A cluster given by hand: link rate, one-way latency α, and the host.
@@ -108,13 +165,20 @@ def describe_cluster(
         sync: S, the global synchronisation time (None: 2 α, one small round trip).
         cpu_from: take γ, the copy cost and the kernel costs from this measured network
             instead of `HOST_CPU_DEFAULTS`.
+        host_gbps: GB/s of float32 input one core of the host reduces; γ becomes
+            1 / host_gbps and the copy and kernel costs scale by the same factor from
+            `HOST_CPU_DEFAULTS` (or `cpu_from`). None: those figures as they are.
         name: label shown in tables.
+
+    Raises:
+        ValueError: a malformed rate or latency, or host_gbps not a positive number.
 
     Example:
         >>> net = describe_cluster("10Gbit", "20us")
         >>> round(1 / net.beta_s_per_byte / 1e9, 2)   # GB/s
         1.25
     """
+    _check_host_gbps(host_gbps)
     beta = 1.0 / parse_bandwidth(bandwidth)
     alpha = parse_duration(latency)
     if cpu_from is not None:
@@ -123,7 +187,7 @@ def describe_cluster(
         gamma = float(HOST_CPU_DEFAULTS["gamma_s_per_byte"])  # type: ignore[arg-type]
         copy = float(HOST_CPU_DEFAULTS["copy_s_per_byte"])  # type: ignore[arg-type]
         kernels = dict(HOST_CPU_DEFAULTS["kernels"])  # type: ignore[arg-type]
-    return NetworkParams(
+    net = NetworkParams(
         alpha_s=alpha,
         beta_s_per_byte=beta,
         gamma_s_per_byte=gamma,
@@ -136,6 +200,7 @@ def describe_cluster(
         ranks_per_host=ranks_per_host,
         source=name or f"given: {bandwidth} link, {latency} latency",
     )
+    return net if host_gbps is None else scale_host(net, host_gbps)
 
 
 # Clusters of the projection table (README): one worker per host, a GPU computing.
@@ -145,9 +210,12 @@ CLUSTERS = {
 }
 
 
-def named_cluster(name: str, cpu_from: NetworkParams | None = None) -> NetworkParams:
-    """One of `CLUSTERS` by name (case-insensitive)."""
+def named_cluster(name: str, cpu_from: NetworkParams | None = None,
+                  host_gbps: float | None = None) -> NetworkParams:
+    """One of `CLUSTERS` by name (case-insensitive); `cpu_from` and `host_gbps` as for
+    `describe_cluster`."""
     for key, spec in CLUSTERS.items():
         if key.lower() == name.lower():
-            return describe_cluster(**spec, cpu_from=cpu_from, name=key)  # type: ignore[arg-type]
+            return describe_cluster(**spec, cpu_from=cpu_from, host_gbps=host_gbps,  # type: ignore[arg-type]
+                                    name=key)
     raise ValueError(f"unknown cluster {name!r}; known: {', '.join(CLUSTERS)}")

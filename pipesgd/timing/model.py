@@ -45,6 +45,13 @@ Extensions (`ring_allreduce_cost`, `predict`):
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
   overlap is eq. 6; its compute side is the whole l_up + l_for + l_back (the compute
   thread still runs the whole backward pass; eq. 6 writes only the first segment l_b).
+* Kernels behind the wire (`ring_allreduce_cost`): the engine reduces segment i of a
+  chunk while segment i+1 is on the wire. Over a NIC that moves bytes by DMA (β_cpu = 0,
+  a described cluster) the ring costs 2(p-1)α + max(transfer, kernels) + one segment's
+  kernel (the pipeline's fill) + S, so the γ term of eq. 5 (or the compression
+  kernels) is hidden while the transfer is longer. Where the comm thread's own CPU
+  moves the bytes (β_cpu > 0, every measured network) kernels and transfer take turns
+  on that core and add up, as in eq. 5.
 * Packing gradients into the flat buffer and back (2 n memcpy) is part of the update.
 * Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
   its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
@@ -172,7 +179,8 @@ class RingCost:
     """One ring-AllReduce on one rank, split by what it spends the time on (seconds).
 
     latency: 2(p-1) α; transfer: 2(p-1) w β; kernels: γ or compression kernels on one
-    core; sync: S; cpu: CPU seconds the comm thread burns (kernels + 2(p-1) w β_cpu).
+    core that the transfer does not hide (`ring_allreduce_cost`); sync: S; cpu: CPU
+    seconds the comm thread burns (all kernels + 2(p-1) w β_cpu).
     """
 
     latency: float = 0.0
@@ -223,7 +231,24 @@ def ring_allreduce_cost(
     n: float, p: int, net: NetworkParams, mode: str = "none",
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
 ) -> RingCost:
-    """Cost of one ring-AllReduce of n bytes of float32 (eq. 5's l_comm, extended)."""
+    """Cost of one ring-AllReduce of n bytes of float32 (eq. 5's l_comm, extended).
+
+    The engine cuts each chunk into segments of `segment_bytes` (of float32) and reduces
+    segment i while segment i+1 is on the wire. Where the comm thread's CPU moves the
+    bytes (a measured network, β_cpu > 0: shared memory, TCP on shared cores) the two
+    take turns on that core, and the kernels add to the transfer: eq. 5's sum, and
+    `RingCost.kernels` is all of them. Where a NIC moves them by DMA (β_cpu = 0, a
+    described cluster) the kernels run while the link carries the next segment:
+
+        wall = 2(p-1) α + max(transfer, kernels) + kernels / (c m) + S
+
+    with m = ceil((n/p) / segment_bytes) segments per chunk and c the kernel calls per
+    chunk (p-1 reductions uncompressed; 2(p-1) compressed: 1 encode, p-2
+    decode_add_encode, 1 decode_add_encode_decode, p-1 decodes): the last term is one
+    segment's kernel, which no transfer hides (the pipeline's fill). `RingCost.kernels`
+    is then the part of the kernels on the critical path, max(0, kernels - transfer) +
+    kernels / (c m); `RingCost.cpu` counts all of them either way.
+    """
     _check_p(p)
     _check_nonnegative(n=n)
     if mode not in MODES:
@@ -233,10 +258,16 @@ def ring_allreduce_cost(
     w = wire_bytes(math.ceil(n / 4 / p), mode, segment_bytes) if mode != "none" else n / p
     kernels = compression_seconds(n, p, net, mode)
     steps = 2 * (p - 1)
+    transfer = steps * w * net.beta_s_per_byte
+    exposed = kernels
+    if net.beta_cpu_s_per_byte == 0:
+        segments = max(1, math.ceil(n / p / segment_bytes))
+        calls = (p - 1) if mode == "none" else 2 * (p - 1)
+        exposed = max(0.0, kernels - transfer) + kernels / (calls * segments)
     return RingCost(
         latency=steps * net.alpha_s,
-        transfer=steps * w * net.beta_s_per_byte,
-        kernels=kernels,
+        transfer=transfer,
+        kernels=exposed,
         sync=net.sync_s,
         cpu=kernels + steps * w * net.beta_cpu_s_per_byte,
     )
@@ -390,7 +421,7 @@ def predict(
         ...                gradient_bytes=100e6)
         >>> pred = predict(prof, describe_cluster("10Gbit", "20us"), p=4, staleness=2)
         >>> pred.bound, round(pred.predicted_s * 1e3, 1)   # ms
-        ('communication', 134.4)
+        ('communication', 120.4)
     """
     _check_p(p)
     config = Config(staleness, compression, overlap)

@@ -214,15 +214,16 @@ def profile_named(
     input_shape: tuple[int, ...] | None = None,
     num_classes: int = 10,
 ) -> Profile:
-    """`profile` of a named model (`pipesgd.model_names`: "mlp", "cnn" or
-    MODULE:FUNCTION) with SGD on a random batch, as `pipesgd train --data synthetic` runs it.
+    """`profile` of a named model (`pipesgd.model_names`: "mlp", "cnn", a network of the
+    paper such as "alexnet", or MODULE:FUNCTION) with SGD on a random batch, as
+    `pipesgd train --data synthetic` runs it.
 
     Args:
         threads: torch intra-op threads while profiling (None: leave as set). Profile with
             the threads each rank will use (one, when ranks share the cores).
         input_shape, num_classes: the samples the model is sized for (as `pipesgd train`
             sizes it for its data); None: the built-in models' defaults (the 64-input MLP
-            of the digits, the 3-channel CNN).
+            of the digits, the 3-channel CNN, the paper's networks as published).
 
     Raises:
         ValueError: an unknown model, a MODULE:FUNCTION without `input_shape`, or a batch
