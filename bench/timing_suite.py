@@ -94,7 +94,7 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
     import pipesgd
     from pipesgd.pipeline.models import MODELS
     from pipesgd.timing import all_configs, measure_network, profile_named
-    from pipesgd.timing.network import _idle_barrier
+    from pipesgd.timing.network import idle_barrier
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -107,7 +107,7 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
         if rank == 0:
             profiles.append(profile_named(model_name, batch_size, threads=1,
                                           repeats=PROFILE_REPEATS[PACE[model_name]]))
-        _idle_barrier(comm)
+        idle_barrier(comm)
 
     profile_alone()
 

@@ -572,11 +572,13 @@ def choose(
     preds = [predict(profile, network, p, c.staleness, c.compression, c.overlap, segments,
                      **kwargs) for c in configs]
     fastest = min(pr.predicted_s for pr in preds)
+    return sorted(preds, key=lambda pr: ranking_key(pr, fastest))
 
-    def key(pr: Prediction) -> tuple[int, float, float, int, int, int]:
-        tie = pr.predicted_s <= fastest * (1 + TIE_TOLERANCE)
-        ratio = 0.0 if tie or fastest == 0 else round(pr.predicted_s / fastest, 6)
-        return (0 if tie else 1, ratio, pr.details["burst_saving_s"], pr.config.staleness,
-                MODES.index(pr.config.compression), OVERLAPS.index(pr.config.overlap))
 
-    return sorted(preds, key=key)
+def ranking_key(pr: Prediction, fastest: float) -> tuple[int, float, float, int, int, int]:
+    """`choose`'s order: predicted time relative to the `fastest`, ties (equal up to
+    rounding) broken by the burst the prediction counts on, then K, compression, overlap."""
+    tie = pr.predicted_s <= fastest * (1 + TIE_TOLERANCE)
+    ratio = 0.0 if tie or fastest == 0 else round(pr.predicted_s / fastest, 6)
+    return (0 if tie else 1, ratio, pr.details["burst_saving_s"], pr.config.staleness,
+            MODES.index(pr.config.compression), OVERLAPS.index(pr.config.overlap))

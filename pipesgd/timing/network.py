@@ -239,7 +239,7 @@ def measure_kernels(
     return gamma, copy, kernels, spread
 
 
-def _idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
+def idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
     """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
     from pipesgd.polling import Polling, wait_politely
 
@@ -357,7 +357,7 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
         buf = np.ones(size, dtype=np.uint8)
         samples = []
         for _ in range(repeats):
-            _idle_barrier(comm)
+            idle_barrier(comm)
             # the last transfer took at most `size` bytes from the bucket
             time.sleep(1.5 * size * beta + 2e-3)
             # ranks leave the idle barrier up to a poll apart; start the transfer together
@@ -419,7 +419,7 @@ class _Spinner:
 
     def rate(self, comm: Any, seconds: float) -> float:
         """Units per second with every rank spinning and no communication (collective)."""
-        _idle_barrier(comm)
+        idle_barrier(comm)
         units, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             self.unit()
@@ -447,7 +447,7 @@ def _engine_steal_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], 
         engine.allreduce(buf, op="average")  # warm-up: connections, pages
         samples = []
         for _ in range(repeats):
-            _idle_barrier(comm)
+            idle_barrier(comm)
             start, units = time.perf_counter(), 0
             handles = [engine.allreduce_async(buf, op="average") for _ in range(2)]
             while not handles[-1].done():
@@ -474,11 +474,11 @@ def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 409
     engine.allreduce(buf)
     idle, loaded = [], []
     for _ in range(repeats):
-        _idle_barrier(comm)
+        idle_barrier(comm)
         start = time.perf_counter()
         engine.allreduce(buf)
         idle.append(time.perf_counter() - start)
-        _idle_barrier(comm)
+        idle_barrier(comm)
         start = time.perf_counter()
         handle = engine.allreduce_async(buf)
         while not handle.done():
@@ -636,7 +636,7 @@ def measure_network(
         # cores that ranks share).
         if rank == 0:
             gamma, copy, kernels, kernel_spread = measure_kernels(kernel_bytes, repeats)
-        _idle_barrier(comm)
+        idle_barrier(comm)
         gamma, copy, kernels, kernel_spread = comm.bcast(
             (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
         )

@@ -4,6 +4,7 @@ Run it under mpirun, e.g.::
 
     mpirun -n 2 pipesgd train --model mlp --data digits --epochs 5 --staleness 2
     mpirun -n 2 pipesgd train --epochs 5 --compare dsync,pipesgd+q
+    mpirun -n 2 pipesgd train --model cnn --steps 200 --config auto --json run.json
 """
 
 from __future__ import annotations
@@ -50,17 +51,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Nesterov momentum (SGD); tolerates stale gradients better")
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    parser.add_argument("--staleness", type=int, default=2,
-                        help="iteration dependency K: 1 = synchronous (D-Sync), 2 = Pipe-SGD")
-    parser.add_argument("--compression", choices=COMPRESSIONS, default="none")
+    # None = not given: TrainConfig's default, or what --config auto chooses
+    parser.add_argument("--staleness", type=int,
+                        help="iteration dependency K: 1 = synchronous (D-Sync), 2 = Pipe-SGD "
+                             "(default)")
+    parser.add_argument("--compression", choices=COMPRESSIONS, help="default none")
     parser.add_argument("--warmup-steps", type=int, default=0,
                         help="first iterations run synchronously (K = 1)")
     parser.add_argument("--ramp-steps", type=int, default=0, metavar="N",
                         help="ramp the learning rate of the first N stale updates linearly "
                              "up to the full rate (K >= 2)")
-    parser.add_argument("--overlap", choices=OVERLAP_MODES, default="sequential",
-                        help="submit gradients after backward, or bucket by bucket during it")
-    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--overlap", choices=OVERLAP_MODES,
+                        help="submit gradients after backward (sequential, the default), or "
+                             "bucket by bucket during it")
+    parser.add_argument("--bucket-mb", type=float, help="gradient bucket size in MiB (default 25)")
+    parser.add_argument("--config", choices=("auto",),
+                        help="auto: measure the network, profile the model and train the "
+                             "configuration (staleness, compression, overlap, bucket size) "
+                             "the timing model predicts fastest")
     parser.add_argument("--channels-last", action="store_true",
                         help="CNN in NHWC layout (oneDNN's faster convolutions on CPU)")
     parser.add_argument("--seed", type=int, default=0)
@@ -75,20 +83,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default dsync,pipesgd+q)")
 
 
+# What --config auto chooses: options that conflict with it.
+AUTO_CHOSEN = ("staleness", "compression", "overlap", "bucket_mb")
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
+    """The TrainConfig the options describe; options not given keep TrainConfig's defaults."""
     from pipesgd.train.loop import TrainConfig
 
+    chosen = {name: getattr(args, name) for name in AUTO_CHOSEN
+              if getattr(args, name) is not None}
     return TrainConfig(
         model=args.model, data=args.data, epochs=args.epochs, steps=args.steps,
         batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, nesterov=args.nesterov,
         weight_decay=args.weight_decay, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, lr_warmup_steps=args.lr_warmup_steps,
-        staleness=args.staleness,
-        compression=args.compression, warmup_steps=args.warmup_steps, overlap=args.overlap,
-        ramp_steps=args.ramp_steps,
-        bucket_mb=args.bucket_mb, channels_last=args.channels_last, seed=args.seed,
-        checkpoint=args.checkpoint, resume=args.resume,
+        warmup_steps=args.warmup_steps, ramp_steps=args.ramp_steps,
+        channels_last=args.channels_last, seed=args.seed,
+        checkpoint=args.checkpoint, resume=args.resume, **chosen,
     )
+
+
+def check_auto_options(args: argparse.Namespace) -> None:
+    """Reject options that --config auto would override.
+
+    Raises:
+        ValueError: --config auto with --staleness/--compression/--overlap/--bucket-mb,
+            --compare or --resume (the message says what to drop).
+    """
+    if args.config != "auto":
+        return
+    given = [f"--{name.replace('_', '-')}" for name in AUTO_CHOSEN
+             if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"--config auto chooses {', '.join(given)} itself: drop "
+                         f"{' and '.join(given)}, or drop --config auto to set them by hand")
+    if args.compare:
+        raise ValueError("--config auto trains the one configuration it chooses; --compare "
+                         "trains presets one after another: give one or the other")
+    if args.resume:
+        raise ValueError("--resume continues a checkpoint in the configuration it was written "
+                         "with, which --config auto may not choose again: resume with the "
+                         "staleness, compression, overlap and bucket size the first run's "
+                         "--json recorded")
 
 
 def parse_presets(text: str) -> list[str]:
@@ -148,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     base = config_from_args(args)
     try:
+        check_auto_options(args)
         presets = parse_presets(args.compare) if args.compare else []
         if args.model not in BUILTIN:
             load_model_function(args.model)  # fail here, with a message, not mid-run
@@ -164,6 +202,20 @@ def run(args: argparse.Namespace) -> int:
         for p in presets
     ] or [dataclasses.replace(base, name=f"K={base.staleness} {base.compression}")]
 
+    choice = None
+    if args.config == "auto":
+        from pipesgd.train import auto
+
+        try:
+            choice = auto.choose_for_run(base, comm)  # collective; before the engine starts
+        except (ValueError, FileNotFoundError) as exc:
+            if comm.rank == 0:
+                print(f"pipesgd train: {exc}")
+            return 2
+        configs = [choice.apply(base)]
+        if comm.rank == 0:
+            print(auto.format_choice(choice), flush=True)
+
     pipesgd.init(comm)
     log = print if comm.rank == 0 and not args.quiet else (lambda *_: None)
     results = []
@@ -176,6 +228,8 @@ def run(args: argparse.Namespace) -> int:
         results.append(result)
         if comm.rank == 0:
             print(format_result(result), flush=True)
+            if choice is not None:
+                print(auto.format_outcome(choice, result.iteration_time_s), flush=True)
     if comm.rank == 0:
         if len(results) > 1:
             print()
@@ -185,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
                 results[0].summary() if len(results) == 1
                 else {"runs": [r.summary() for r in results]}
             )
+            if choice is not None:
+                payload["prediction"] = choice.to_dict(measured_s=results[0].iteration_time_s)
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(payload, indent=2))
     pipesgd.shutdown()

@@ -8,6 +8,7 @@ so benchmarks can run DDP or a parameter server through the same loop.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import statistics
@@ -120,6 +121,8 @@ class RunResult:
     final_accuracy: float
     final_test_loss: float
     history: list[EpochRecord] = field(default_factory=list)
+    # `parameter_digest` of each rank's final model, in rank order
+    parameter_digests: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
@@ -198,6 +201,37 @@ def _median_after_warmup(values: list[float], skip: int) -> float:
     return statistics.median(kept) if kept else float("nan")
 
 
+def prepare(config: TrainConfig) -> tuple[Dataset, nn.Module]:
+    """The data set and the model `config` trains, built in this process as a run builds
+    them: seeded, sized for the data, in the configured memory layout.
+
+    Raises:
+        ValueError, FileNotFoundError: bad configuration or data source.
+    """
+    torch.manual_seed(config.seed)
+    dataset = load(config.data, config.model, seed=config.seed)
+    model = build_model(config.model, dataset, config.seed)
+    if config.channels_last:
+        if len(dataset.input_shape) != 3:
+            raise ValueError(f"channels_last needs image inputs (channels, height, width); "
+                             f"the {config.model} on {config.data} takes {dataset.input_shape}")
+        model = model.to(memory_format=torch.channels_last)
+        # once, not per batch: indexing keeps the layout
+        dataset = replace(dataset, train_x=dataset.train_x.contiguous(
+            memory_format=torch.channels_last))
+    return dataset, model
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """SHA-256 of the model's parameters, in order: equal on two ranks exactly when their
+    replicas are bitwise identical (buffers such as BatchNorm statistics are per rank)."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
 def run(
     config: TrainConfig,
     comm: MPI.Comm | None = None,
@@ -214,17 +248,7 @@ def run(
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.rank, comm.size
-    torch.manual_seed(config.seed)
-    dataset = load(config.data, config.model, seed=config.seed)
-    model = build_model(config.model, dataset, config.seed)
-    if config.channels_last:
-        if len(dataset.input_shape) != 3:
-            raise ValueError(f"channels_last needs image inputs (channels, height, width); "
-                             f"the {config.model} on {config.data} takes {dataset.input_shape}")
-        model = model.to(memory_format=torch.channels_last)
-        # once, not per batch: indexing keeps the layout
-        dataset = replace(dataset, train_x=dataset.train_x.contiguous(
-            memory_format=torch.channels_last))
+    dataset, model = prepare(config)
     broadcast_parameters(model, root=0, comm=comm)
     inner = build_optimizer(config, model)
     module, sync = synchronizer(model, inner, config)
@@ -322,6 +346,7 @@ def run(
         final_accuracy=last.accuracy,
         final_test_loss=last.test_loss,
         history=history,
+        parameter_digests=comm.allgather(parameter_digest(model)),
     )
 
 
