@@ -230,9 +230,10 @@ def unavailable_reason() -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class LinkBytes:
-    """Bytes and packets one rank's link carried: tx = rank to switch, rx = switch to rank."""
+    """Bytes and packets one node's link carried: tx = node to switch, rx = switch to node
+    (with one rank per node, the default, node = rank)."""
 
-    rank: int
+    node: int
     address: str
     tx_bytes: int
     rx_bytes: int
@@ -241,7 +242,7 @@ class LinkBytes:
 
     def __sub__(self, before: LinkBytes) -> LinkBytes:
         return LinkBytes(
-            self.rank,
+            self.node,
             self.address,
             self.tx_bytes - before.tx_bytes,
             self.rx_bytes - before.rx_bytes,
@@ -258,7 +259,7 @@ class NetemRun:
         command: the full `mpirun ...` command that ran.
         returncode: its exit status (negative: killed by that signal).
         elapsed_s: wall time of the mpirun command, including MPI start-up.
-        links: per-rank bytes the links carried during the run.
+        links: per-node bytes the links carried during the run.
         rate_bps, latency_s: the emulated link's rate (bits/s) and added one-way latency.
         output: stdout+stderr when captured, else None.
     """
@@ -277,17 +278,17 @@ class NetemRun:
         return busiest * 8 / self.rate_bps
 
     def format_table(self) -> str:
-        """The per-rank table of bytes each link sent and received."""
+        """The per-node table of bytes each link sent and received."""
         mib = 1 << 20
         lines = [
-            f"netem: {len(self.links)} ranks, {format_rate(self.rate_bps)} per link each way, "
+            f"netem: {len(self.links)} nodes, {format_rate(self.rate_bps)} per link each way, "
             f"added latency {self.latency_s * 1e6:g} us, exit status {self.returncode}",
-            f"{'rank':>4}  {'address':<12} {'sent bytes':>14} {'(MiB)':>9} "
+            f"{'node':>4}  {'address':<12} {'sent bytes':>14} {'(MiB)':>9} "
             f"{'received bytes':>14} {'(MiB)':>9} {'tx pkts':>9} {'rx pkts':>9}",
         ]
         for link in self.links:
             lines.append(
-                f"{link.rank:>4}  {link.address:<12} {link.tx_bytes:>14,} "
+                f"{link.node:>4}  {link.address:<12} {link.tx_bytes:>14,} "
                 f"{link.tx_bytes / mib:>9.2f} {link.rx_bytes:>14,} {link.rx_bytes / mib:>9.2f} "
                 f"{link.tx_packets:>9,} {link.rx_packets:>9,}"
             )
@@ -305,18 +306,24 @@ class EmulatedNetwork:
     Use through `emulated_network()`, which calls `setup()` and always `teardown()`.
     """
 
-    __slots__ = ("burst", "latency_s", "mtu", "name", "np", "rate_bps", "switch")
+    __slots__ = ("burst", "latency_s", "mtu", "name", "nodes", "np", "rate_bps", "switch")
 
     def __init__(self, np: int, rate_bps: int, latency_s: float = 0.0, mtu: int = 1500,
-                 burst: int | None = None) -> None:
+                 burst: int | None = None, nodes: int | None = None) -> None:
         global _run_counter
         if not 1 <= np <= MAX_RANKS:
             raise ValueError(f"np={np}: the emulated network holds 1..{MAX_RANKS} ranks")
+        nodes = np if nodes is None else nodes
+        if not 1 <= nodes <= np or np % nodes:
+            raise ValueError(f"nodes={nodes}: use a divisor of np={np} (ranks are spread "
+                             "evenly, consecutive ranks on one node)")
         if not 576 <= mtu <= 65535:
             raise ValueError(f"mtu={mtu}: use 576..65535, e.g. 1500 or 9000")
         if burst is not None and burst < 0:
             raise ValueError(f"burst={burst}: a token bucket holds >= 0 bytes, e.g. 512KiB")
         self.np = np
+        #: Nodes: each is one namespace with one link; its ranks share its network stack.
+        self.nodes = nodes
         self.rate_bps = rate_bps
         self.latency_s = latency_s
         self.mtu = mtu
@@ -328,14 +335,22 @@ class EmulatedNetwork:
         #: Namespace holding the bridge.
         self.switch = f"{self.name}-sw"
 
-    def namespace(self, rank: int) -> str:
-        return f"{self.name}-r{rank}"
+    @property
+    def ranks_per_node(self) -> int:
+        return self.np // self.nodes
 
-    def address(self, rank: int) -> str:
-        return f"{SUBNET}.{rank + 1}"
+    def node_of(self, rank: int) -> int:
+        """The node of `rank`: consecutive ranks share one, as mpirun fills nodes."""
+        return rank // self.ranks_per_node
+
+    def namespace(self, node: int) -> str:
+        return f"{self.name}-n{node}"
+
+    def address(self, node: int) -> str:
+        return f"{SUBNET}.{node + 1}"
 
     def namespaces(self) -> list[str]:
-        return [*(self.namespace(rank) for rank in range(self.np)), self.switch]
+        return [*(self.namespace(node) for node in range(self.nodes)), self.switch]
 
     # -- setup / teardown ----------------------------------------------------------------------
 
@@ -361,8 +376,8 @@ class EmulatedNetwork:
                 ],
                 check=False,
             )  # fmt: skip
-            for rank in range(self.np):
-                self._add_rank(rank)
+            for node in range(self.nodes):
+                self._add_node(node)
         except BaseException:
             self.teardown()
             raise
@@ -378,15 +393,15 @@ class EmulatedNetwork:
         )  # fmt: skip
         self._ip(namespace, "link", "set", "lo", "up")
 
-    def _add_rank(self, rank: int) -> None:
-        namespace, port = self.namespace(rank), f"{PREFIX}-p{rank}"
+    def _add_node(self, node: int) -> None:
+        namespace, port = self.namespace(node), f"{PREFIX}-p{node}"
         self._new_namespace(namespace)
         # Both ends are created directly inside their namespaces: nothing appears on the host.
         self._ip(
             namespace, "link", "add", IFNAME, "type", "veth", "peer", "name", port,
             "netns", self.switch,
         )  # fmt: skip
-        self._ip(namespace, "addr", "add", f"{self.address(rank)}/24", "dev", IFNAME)
+        self._ip(namespace, "addr", "add", f"{self.address(node)}/24", "dev", IFNAME)
         self._ip(namespace, "link", "set", IFNAME, "mtu", str(self.mtu), "up")
         self._ip(self.switch, "link", "set", port, "mtu", str(self.mtu), "master", BRIDGE, "up")
         if self._unsegmented:
@@ -465,17 +480,17 @@ class EmulatedNetwork:
     # -- measuring -----------------------------------------------------------------------------
 
     def link_bytes(self) -> list[LinkBytes]:
-        """Current counters of every rank's interface (tx = upload, rx = download)."""
+        """Current counters of every node's interface (tx = upload, rx = download)."""
         links = []
-        for rank in range(self.np):
+        for node in range(self.nodes):
             proc = _ip_command(
-                ["ip", "-n", self.namespace(rank), "-s", "-j", "link", "show", "dev", IFNAME]
+                ["ip", "-n", self.namespace(node), "-s", "-j", "link", "show", "dev", IFNAME]
             )
             stats = json.loads(proc.stdout)[0]["stats64"]
             links.append(
                 LinkBytes(
-                    rank,
-                    self.address(rank),
+                    node,
+                    self.address(node),
                     stats["tx"]["bytes"],
                     stats["rx"]["bytes"],
                     stats["tx"]["packets"],
@@ -506,6 +521,7 @@ class EmulatedNetwork:
         env["PIPESGD_NETEM_RATE_BPS"] = str(self.rate_bps)
         env["PIPESGD_NETEM_LATENCY_S"] = repr(self.latency_s)
         env["PIPESGD_NETEM_NP"] = str(self.np)
+        env["PIPESGD_NETEM_RANKS_PER_NODE"] = str(self.ranks_per_node)
         env["PIPESGD_NETEM_IFNAME"] = IFNAME
         return env
 
@@ -626,7 +642,7 @@ def _in_main_thread() -> bool:
 @contextlib.contextmanager
 def emulated_network(
     np: int = 2, rate: str | int = "1gbit", latency: str | float = 0.0, mtu: int = 1500,
-    burst: str | int | None = None,
+    burst: str | int | None = None, nodes: int | None = None,
 ) -> Iterator[EmulatedNetwork]:
     """Set up an emulated switched network for `np` ranks; always remove it on exit.
 
@@ -637,6 +653,8 @@ def emulated_network(
         mtu: link MTU (1500 like plain Ethernet; 9000 for jumbo frames).
         burst: each link's token bucket, as text (`"512KiB"`) or bytes; None: the
             smallest that shapes smoothly (`EmulatedNetwork.burst_bytes`).
+        nodes: nodes the ranks are spread over, consecutive ranks on one node (None: one
+            rank per node). A node's ranks share its namespace and its one shaped link.
 
     Raises:
         NetemError: setup failed (for example latency on a kernel without sch_netem).
@@ -649,7 +667,7 @@ def emulated_network(
     rate_bps = parse_rate(rate) if isinstance(rate, str) else int(rate)
     latency_s = parse_latency(latency) if isinstance(latency, str) else float(latency)
     burst_bytes = parse_burst(burst) if isinstance(burst, str) else burst
-    net = EmulatedNetwork(np, rate_bps, latency_s, mtu, burst_bytes)
+    net = EmulatedNetwork(np, rate_bps, latency_s, mtu, burst_bytes, nodes)
     net.setup()
     try:
         yield net
@@ -664,6 +682,7 @@ def mpirun_over_netem(
     latency: str | float = 0.0,
     mtu: int = 1500,
     burst: str | int | None = None,
+    nodes: int | None = None,
     **run_kwargs: object,
 ) -> NetemRun:
     """Set up a network, run `command` on `np` ranks over it, tear it down; see `run()`.
@@ -672,7 +691,7 @@ def mpirun_over_netem(
         run = mpirun_over_netem(["python", "bench/allreduce.py"], np=4, rate="1gbit")
         sys.exit(run.returncode)
     """
-    with emulated_network(np, rate, latency, mtu, burst) as net:
+    with emulated_network(np, rate, latency, mtu, burst, nodes) as net:
         return net.run(command, **run_kwargs)  # type: ignore[arg-type]
 
 
@@ -696,6 +715,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument(
+        "--nodes", type=int, help="spread the ranks over this many nodes, consecutive ranks "
+        "sharing a node's network stack and its one link (default: one rank per node)")
     parser.add_argument("--rate", default="1gbit", help="per-link rate each way (default 1gbit)")
     parser.add_argument(
         "--latency", default="0", help="added one-way latency, e.g. 20us, 1ms (default 0)"
@@ -747,6 +769,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate_bps = parse_rate(args.rate)
         latency_s = parse_latency(args.latency)
         burst = None if args.burst is None else parse_burst(args.burst)
+        EmulatedNetwork(args.np, rate_bps, nodes=args.nodes)  # checks np and nodes
     except ValueError as exc:
         parser.error(str(exc))
 
@@ -777,7 +800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     try:
-        with emulated_network(args.np, rate_bps, latency_s, args.mtu, burst) as net:
+        with emulated_network(args.np, rate_bps, latency_s, args.mtu, burst, args.nodes) as net:
             run = net.run(command, mpirun_args=args.mpirun_arg, timeout=args.timeout)
     except NetemError as exc:
         print(f"netem: {exc}", file=sys.stderr)

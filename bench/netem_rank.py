@@ -2,7 +2,8 @@
 
 `mpirun` starts this script once per rank, in the host's network namespace. It
 
-1. picks the rank's namespace (`<run>-r<rank>`, from OMPI_COMM_WORLD_RANK),
+1. picks the namespace of the rank's node (`<run>-n<node>`, from OMPI_COMM_WORLD_RANK and
+   PIPESGD_NETEM_RANKS_PER_NODE),
 2. relays the PMIx client connection into that namespace, and
 3. runs the real command there, forwarding signals and returning its exit status.
 
@@ -43,6 +44,9 @@ FORWARDED_SIGNALS = (
 )
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# After its command ends, how long a wrapper keeps relaying the connections of other ranks
+# of its node (they end when those ranks finalize; mpirun kills a rank that hangs).
+RELAY_LINGER_S = 120.0
 
 
 def setns(fd: int) -> None:
@@ -83,6 +87,8 @@ def listen_inside(netns_fd: int, endpoints: list[tuple[str, int]]) -> list[socke
             for host, port in endpoints:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                # the other ranks of the node listen on the same port in the same namespace
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 sock.bind((host, port))
                 sock.listen(64)
                 listeners.append(sock)
@@ -91,6 +97,42 @@ def listen_inside(netns_fd: int, endpoints: list[tuple[str, int]]) -> list[socke
     finally:
         os.close(host_fd)
     return listeners
+
+
+class _OpenRelays:
+    """How many relayed connections are open. A node's ranks share its namespace and
+    their listeners, so this wrapper may carry another rank's PMIx connection: it must
+    outlive its own command until that connection closes."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = threading.Condition()
+
+    def opened(self) -> None:
+        with self._changed:
+            self._count += 1
+
+    def closed(self) -> None:
+        with self._changed:
+            self._count -= 1
+            self._changed.notify_all()
+
+    def wait_all_closed(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: self._count == 0, timeout)
+
+
+_relays = _OpenRelays()
+
+
+def _relay(inner: socket.socket, outer: socket.socket) -> None:
+    """Both directions of one connection; counted open until both have ended."""
+    _relays.opened()
+    back = threading.Thread(target=_pump, args=(outer, inner), daemon=True)
+    back.start()
+    _pump(inner, outer)
+    back.join()
+    _relays.closed()
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -119,8 +161,7 @@ def _serve(listener: socket.socket, target: tuple[str, int]) -> None:
         outer = socket.create_connection(target)
         for sock in (inner, outer):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_pump, args=(inner, outer), daemon=True).start()
-        threading.Thread(target=_pump, args=(outer, inner), daemon=True).start()
+        threading.Thread(target=_relay, args=(inner, outer), daemon=True).start()
 
 
 def _enter_namespace_in_child(netns_fd: int) -> None:
@@ -139,7 +180,9 @@ def main(argv: list[str]) -> int:
     if rank < 0:
         print("netem_rank.py: no OMPI_COMM_WORLD_RANK: start it through mpirun", file=sys.stderr)
         return 2
-    netns = f"{run_name}-r{rank}"
+    # consecutive ranks share a node (netem.py's EmulatedNetwork.node_of)
+    ranks_per_node = int(os.environ.get("PIPESGD_NETEM_RANKS_PER_NODE", "1"))
+    netns = f"{run_name}-n{rank // ranks_per_node}"
     try:
         netns_fd = os.open(os.path.join(NETNS_DIR, netns), os.O_RDONLY)
     except FileNotFoundError:
@@ -170,6 +213,11 @@ def main(argv: list[str]) -> int:
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward)
     status = child.wait()
+    for listener in listeners:  # new connections go to the node's other ranks' listeners
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+    _relays.wait_all_closed(timeout=RELAY_LINGER_S)
     if status < 0:
         # Die of the same signal so mpirun reports the rank the way it would without us.
         signal.signal(-status, signal.SIG_DFL)

@@ -125,8 +125,8 @@ def test_ring_moves_expected_bytes_at_link_rate(net3) -> None:
     """Every rank sends and receives NBYTES at once, each on its own links: one link time."""
     run, seconds = _probe(net3, "ring")
     for link in run.links:
-        _assert_bytes(link.tx_bytes, NBYTES, f"rank {link.rank} sent", run)
-        _assert_bytes(link.rx_bytes, NBYTES, f"rank {link.rank} received", run)
+        _assert_bytes(link.tx_bytes, NBYTES, f"rank {link.node} sent", run)
+        _assert_bytes(link.rx_bytes, NBYTES, f"rank {link.node} received", run)
     bound = NBYTES * 8 / RATE_BPS
     assert seconds >= 0.9 * bound, f"ring took {seconds:.3f} s, faster than the cap allows"
     # A hub (one shared medium) would need 3 link times for the 3 transfers.

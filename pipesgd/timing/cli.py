@@ -130,6 +130,10 @@ def format_network(net: Any) -> str:
         lines.append(f"  {mode:<7} ns/B: encode {k.encode * 1e9:.4f}  decode_add_encode "
                      f"{k.decode_add_encode * 1e9:.4f}  decode {k.decode * 1e9:.4f}  "
                      f"owner's decode_add_encode_decode {k.decode_add_encode_decode * 1e9:.4f}")
+    if net.node_beta_s_per_byte is not None:
+        lines.append(f"  nodes of {net.ranks_per_node} ranks: alpha and beta above are the "
+                     f"network's; inside a node alpha {(net.node_alpha_s or 0) * 1e6:.2f} us, "
+                     f"{1 / net.node_beta_s_per_byte / 1e9:.2f} GB/s")
     rph = "all ranks" if net.ranks_per_host is None else net.ranks_per_host
     lines.append(f"  host: {net.cores} cores, {rph} per host; spread (IQR/median): "
                  + ", ".join(f"{k} {v:.0%}" for k, v in net.spread.items()))
@@ -224,6 +228,15 @@ def _predict(args: argparse.Namespace) -> int:
     if not args.network:
         print(describe_host(net, args.host_gbps))
     print(format_ranking(ranked, measured))
+    topology = net.topology(args.p)
+    if topology is not None and topology.nodes > 1:
+        from pipesgd.timing.topology import two_level_gain
+
+        n = prof.gradient_bytes
+        print(f"{topology.nodes} nodes x {topology.ranks_per_node} ranks: the ring's "
+              f"{n / 1e6:.2f} MB allreduce spends {topology.flat_ring(n) * 1e3:.2f} ms on the "
+              f"wire; a two-level one (reduce in nodes, ring between, broadcast in) would "
+              f"spend {topology.two_level(n) * 1e3:.2f} ms ({two_level_gain(topology, n):.2f}x)")
     png = args.png or (str(Path(args.json).with_suffix(".png")) if args.json else None)
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -31,7 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipesgd.timing.topology import Topology
 
 COMPRESSED_MODES = ("trunc16", "quant8")
 
@@ -92,6 +95,10 @@ class NetworkParams:
             shared cores busy (0 where ranks and comm threads have cores of their own).
         cores: cores per host shared by ranks, their comm threads and the network stack.
         ranks_per_host: ranks per host; None = all p ranks on one host.
+        node_alpha_s, node_beta_s_per_byte: α and β between two ranks of one node, where
+            the ranks span several nodes (α and β are then those of the network between
+            nodes, the ring's slowest edges); None: not measured (one node).
+        ranks_per_node: ranks per node where the ranks span several nodes; None otherwise.
         measured_p: number of ranks the figures were measured with (None: given by hand).
         spread: figure -> relative spread (IQR / median) of the repetitions.
         source: where the figures come from.
@@ -108,6 +115,9 @@ class NetworkParams:
     load_latency_s: float = 0.0
     cores: int | None = None
     ranks_per_host: int | None = None
+    node_alpha_s: float | None = None
+    node_beta_s_per_byte: float | None = None
+    ranks_per_node: int | None = None
     measured_p: int | None = None
     spread: dict[str, float] = field(default_factory=dict)
     source: str = ""
@@ -137,12 +147,27 @@ class NetworkParams:
             raise ValueError(f"cores must be >= 1, got {self.cores}")
         if self.ranks_per_host is not None and self.ranks_per_host < 1:
             raise ValueError(f"ranks_per_host must be >= 1 or None, got {self.ranks_per_host}")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1 or None, got {self.ranks_per_node}")
+        if (self.node_alpha_s is None) != (self.node_beta_s_per_byte is None):
+            raise ValueError("give both node_alpha_s and node_beta_s_per_byte, or neither")
         for mode, costs in self.kernels.items():
             costs.check(mode)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return 1.0 / self.beta_s_per_byte
+
+    def topology(self, p: int) -> Topology | None:
+        """p ranks on nodes of `ranks_per_node`, joined by this network; None where the
+        node link is unknown or p is not a whole number of nodes."""
+        from pipesgd.timing.topology import Link, Topology
+
+        rpn = self.ranks_per_node
+        if rpn is None or self.node_beta_s_per_byte is None or p % rpn:
+            return None
+        return Topology(p // rpn, rpn, Link(self.node_alpha_s or 0.0, self.node_beta_s_per_byte),
+                        Link(self.alpha_s, self.beta_s_per_byte))
 
     def kernel(self, mode: str) -> KernelCosts:
         if mode not in self.kernels:
@@ -267,17 +292,30 @@ def _segments(buf: Any, segment: int) -> list[Any]:
     return [buf[o : o + segment] for o in range(0, len(buf), segment)]
 
 
+def node_key() -> str:
+    """What identifies this process's node: ranks that share a host name and a network
+    namespace share a network stack and its links (`bench/netem.py --nodes` gives each
+    emulated node a namespace of its own on one host)."""
+    import socket
+
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}|{netns}"
+
+
 def _ping_pong(comm: Any, out: Any, back: Any, segment: int | None = None,
-               polite: bool = False) -> float:
-    """Rank 0 sends `out` to rank 1 (in `segment`-byte messages, as the engine does, if
-    given), which answers with `back`; the time this rank spent."""
+               polite: bool = False, peer: int = 1) -> float:
+    """Rank 0 sends `out` to rank `peer` (in `segment`-byte messages, as the engine does,
+    if given), which answers with `back`; the time this rank spent."""
     rank = comm.Get_rank()
     pieces = _segments(out, segment) if segment else [out]
     start = time.perf_counter()
     if rank == 0:
-        _wait([comm.Isend(piece, dest=1, tag=1) for piece in pieces], polite)
-        comm.Recv(back, source=1, tag=2)
-    elif rank == 1:
+        _wait([comm.Isend(piece, dest=peer, tag=1) for piece in pieces], polite)
+        comm.Recv(back, source=peer, tag=2)
+    elif rank == peer:
         _wait([comm.Irecv(piece, source=0, tag=1) for piece in pieces], polite)
         comm.Send(back, dest=0, tag=2)
     return time.perf_counter() - start
@@ -331,10 +369,10 @@ def _on_rate_line(sizes: list[int], times: list[float], beta: float) -> bool:
 
 
 def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
-                   polite: bool) -> tuple[float, float]:
+                   polite: bool, peer: int = 1) -> tuple[float, float]:
     """Bytes a link sends at line rate after idling: (burst, spread) (collective).
 
-    Rank 0 sends transfers of doubling size to rank 1 (which answers with one byte),
+    Rank 0 sends transfers of doubling size to rank `peer` (which answers with one byte),
     each after the link idled long enough to refill a bucket that large, until the last
     three lie on one line of about the link's rate (the saving stopped growing) or one
     transfer would take `_BURST_MAX_SECONDS`. `fit_token_bucket` then finds the bucket that
@@ -362,7 +400,7 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
             time.sleep(1.5 * size * beta + 2e-3)
             # ranks leave the idle barrier up to a poll apart; start the transfer together
             comm.Barrier()
-            samples.append(_ping_pong(comm, buf, ack, segment, polite))
+            samples.append(_ping_pong(comm, buf, ack, segment, polite, peer))
         took, spread = _median_spread(comm.bcast(samples, root=0))
         sizes.append(size)
         times.append(took)
@@ -373,6 +411,42 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
     if burst * rate_beta < max(50e-6, 0.05 * times[-1]):
         return 0.0, spread
     return burst, spread
+
+
+def _measure_alpha(comm: Any, small_bytes: int, repeats: int, peer: int) -> tuple[float, float]:
+    """α and its spread: half the round trip of a small ping-pong, rank 0 and `peer`."""
+    import numpy as np
+
+    buf = np.zeros(small_bytes, dtype=np.uint8)
+    samples = []
+    for i in range(repeats * 10 + 20):
+        comm.Barrier()
+        round_trip = _ping_pong(comm, buf, buf, peer=peer)
+        if i >= 20:
+            samples.append(round_trip / 2)
+    return _median_spread(comm.bcast(samples, root=0))
+
+
+def _measure_node_link(comm: Any, small_bytes: int, repeats: int,
+                       peer: int) -> tuple[float, float]:
+    """(α, β) between rank 0 and `peer` on its node: a small ping-pong, and the slope of
+    one-way transfers of 1 and 4 MiB (collective)."""
+    import numpy as np
+
+    alpha, _ = _measure_alpha(comm, small_bytes, repeats, peer)
+    ack = np.zeros(1, dtype=np.uint8)
+    medians = []
+    for nbytes in (1 << 20, 4 << 20):
+        buf = np.ones(nbytes, dtype=np.uint8)
+        samples = []
+        for i in range(repeats + 2):
+            comm.Barrier()
+            took = _ping_pong(comm, buf, ack, peer=peer)
+            if i >= 2:
+                samples.append(took)
+        medians.append(statistics.median(comm.bcast(samples, root=0)))
+    beta = max(medians[1] - medians[0], 1e-15) / (3 << 20)
+    return alpha, beta
 
 
 def _per_wire_byte(cost: dict[int, float], sizes: tuple[int, int], p: int,
@@ -551,7 +625,9 @@ def measure_network(
 ) -> NetworkParams:
     """Measure α, β, β_cpu, γ, S and the kernel costs on the ranks of `comm` (collective).
 
-    * α: half the round trip of a `small_bytes` ping-pong between ranks 0 and 1.
+    * α: half the round trip of a `small_bytes` ping-pong between rank 0 and the first
+      rank on another node (`node_key`), or rank 1 on one node. Where ranks span nodes
+      and rank 0 shares its node, the node link's α and β too (`_measure_node_link`).
     * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
       left (one ring step, as the ring-AllReduce runs it, in the engine's segments); β is
       the slope of the slowest rank's time between the two `large_bytes` sizes, so latency
@@ -582,7 +658,6 @@ def measure_network(
         NetworkParams, with `measured_p` = comm size and `ranks_per_host` = ranks sharing
         this node (None when that is all of them).
     """
-    import numpy as np
     from mpi4py import MPI
 
     from pipesgd.engine import Engine
@@ -597,17 +672,19 @@ def measure_network(
     # more ranks than cores: a rank busy-polling for a transfer holds up its peers
     oversubscribed = max_on_node > _default_cores()
 
-    # alpha: ping-pong between 0 and 1
+    # Nodes: the probes between two ranks cross between nodes where the ring does.
+    keys = comm.allgather(node_key())
+    peer = next((r for r in range(1, size) if keys[r] != keys[0]), 1)
+    node_peer = next((r for r in range(1, size) if keys[r] == keys[0]), None)
+    spans_nodes = len(set(keys)) > 1
+
+    # alpha: ping-pong between 0 and its peer on another node, if any
     alpha = 0.0
     if size > 1:
-        buf = np.zeros(small_bytes, dtype=np.uint8)
-        samples = []
-        for i in range(repeats * 10 + 20):
-            comm.Barrier()
-            round_trip = _ping_pong(comm, buf, buf)
-            if i >= 20:
-                samples.append(round_trip / 2)
-        alpha, spread["alpha"] = _median_spread(comm.bcast(samples, root=0))
+        alpha, spread["alpha"] = _measure_alpha(comm, small_bytes, repeats, peer)
+    node_link = None
+    if spans_nodes and node_peer is not None:
+        node_link = _measure_node_link(comm, small_bytes, repeats, node_peer)
 
     # One engine for the whole measurement: its segment size shapes the probes; its comm
     # thread sleeps until the engine's own costs are timed, last.
@@ -620,7 +697,7 @@ def measure_network(
             beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
                                                  oversubscribed)
             burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
-                                                    oversubscribed)
+                                                    oversubscribed, peer)
 
         # S: barrier
         samples = []
@@ -666,6 +743,9 @@ def measure_network(
         load_latency_s=load_latency,
         cores=_default_cores(),
         ranks_per_host=None if max_on_node == size else max_on_node,
+        node_alpha_s=None if node_link is None else node_link[0],
+        node_beta_s_per_byte=None if node_link is None else node_link[1],
+        ranks_per_node=keys.count(keys[0]) if spans_nodes else None,
         measured_p=size,
         spread={k: round(v, 4) for k, v in spread.items()},
         source=source,
