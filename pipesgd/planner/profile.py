@@ -1,0 +1,342 @@
+"""Per-layer profiles for the planners: `LayerProfile`, `ModelProfile` and `profile`.
+
+A layer's figures are what PipeDream's partitioner reads (§3.1: compute time T_l, output
+activation bytes a_l, weight bytes w_l) plus what a memory-aware planner needs (MadPipe):
+the optimizer's state and the bytes autograd keeps from the forward for the backward.
+`profile(layers, sample_input)` measures them in this process; a `ModelProfile` can as
+well be written by hand (`ModelProfile.from_columns`) or loaded from JSON.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXAMPLE_CALL = "profile(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), torch.randn(32, 4))"
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer on one micro-batch.
+
+    Attributes:
+        forward_s: forward time (s).
+        backward_s: backward time (s): gradients of the layer's input and parameters.
+        output_bytes: a_l, bytes of the layer's output (= of the gradient sent back).
+        param_bytes: w_l, bytes of the layer's parameters (what its replicas all-reduce).
+        optimizer_bytes: bytes of the optimizer's state for those parameters.
+        saved_bytes: bytes autograd keeps from the forward until the backward, parameters
+            excluded (they are in `param_bytes`): one micro-batch's stored activations.
+        name: for tables.
+    """
+
+    forward_s: float
+    backward_s: float
+    output_bytes: float
+    param_bytes: float
+    optimizer_bytes: float = 0.0
+    saved_bytes: float = 0.0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("forward_s", "backward_s", "output_bytes", "param_bytes",
+                    "optimizer_bytes", "saved_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) \
+                    or not (value >= 0 and math.isfinite(value)):
+                raise ValueError(
+                    f"layer {self.name or '?'}: {key} must be a finite number >= 0, "
+                    f"got {value!r}"
+                )
+
+    @property
+    def compute_s(self) -> float:
+        """T_l = forward + backward."""
+        return self.forward_s + self.backward_s
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The layers of a model in order, as a planner partitions them.
+
+    Attributes:
+        layers: one LayerProfile per layer (at least one).
+        batch_size: samples of the micro-batch the figures are for (0: not known).
+        source: where the figures come from.
+    """
+
+    layers: tuple[LayerProfile, ...]
+    batch_size: int = 0
+    source: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if not self.layers:
+            raise ValueError(f"a profile needs at least one layer, e.g. {EXAMPLE_CALL}")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, LayerProfile):
+                raise TypeError(f"layer {i} is a {type(layer).__name__}, not a LayerProfile")
+        if not isinstance(self.batch_size, int) or self.batch_size < 0:
+            raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
+
+    @classmethod
+    def from_columns(
+        cls,
+        forward_s: Sequence[float],
+        backward_s: Sequence[float],
+        output_bytes: Sequence[float],
+        param_bytes: Sequence[float],
+        optimizer_bytes: Sequence[float] | None = None,
+        saved_bytes: Sequence[float] | None = None,
+        *,
+        batch_size: int = 0,
+        source: str = "by hand",
+    ) -> ModelProfile:
+        """A profile written by hand, one list per figure (all of one length).
+
+        Example: `ModelProfile.from_columns([1, 2], [2, 4], [400, 40], [4e6, 4e3])`.
+        """
+        n = len(forward_s)
+        columns = {"backward_s": backward_s, "output_bytes": output_bytes,
+                   "param_bytes": param_bytes,
+                   "optimizer_bytes": [0.0] * n if optimizer_bytes is None else optimizer_bytes,
+                   "saved_bytes": [0.0] * n if saved_bytes is None else saved_bytes}
+        for key, column in columns.items():
+            if len(column) != n:
+                raise ValueError(f"{key} has {len(column)} entries but forward_s has {n}; "
+                                 "give one entry per layer in every column")
+        return cls(
+            tuple(
+                LayerProfile(float(forward_s[i]), *(float(c[i]) for c in columns.values()),
+                             name=f"layer{i}")
+                for i in range(n)
+            ),
+            batch_size=batch_size,
+            source=source,
+        )
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def check(self, num_layers: int | None) -> None:
+        """Raise ValueError when the profile is not of a model with `num_layers` layers."""
+        if num_layers is not None and num_layers != self.num_layers:
+            raise ValueError(
+                f"the profile has {self.num_layers} layers but the model has {num_layers}; "
+                f"profile the model that will run, e.g. {EXAMPLE_CALL}"
+            )
+
+    def column(self, key: str) -> list[float]:
+        """One figure of every layer, e.g. `column("compute_s")`."""
+        return [float(getattr(layer, key)) for layer in self.layers]
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": [asdict(layer) for layer in self.layers],
+            "batch_size": self.batch_size,
+            "source": self.source,
+            **self.extra,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
+        if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+            raise ValueError(
+                "a model profile is {'layers': [{'forward_s': ..., 'backward_s': ..., "
+                "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
+            )
+        known = {"layers", "batch_size", "source"}
+        try:
+            layers = tuple(LayerProfile(**layer) for layer in data["layers"])
+        except TypeError as err:
+            raise ValueError(f"bad layer in profile: {err}") from None
+        return cls(
+            layers,
+            batch_size=int(data.get("batch_size", 0)),
+            source=str(data.get("source", "")),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --------------------------------------------------------------------- measuring
+def profile(
+    layers: Any,
+    sample_input: Any,
+    optimizer_factory: Callable[[list[Any]], Any] | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+) -> ModelProfile:
+    """Measure every layer of `layers` on `sample_input` (one micro-batch).
+
+    Each layer runs alone on the output of the layer before it (computed once, detached),
+    so its figures do not depend on where the planner cuts:
+
+    - forward_s: the median over `repeats` (after `warmup`) of the layer's forward with
+      autograd recording, as in training.
+    - backward_s: the median of `torch.autograd.grad(output, [input] + params, g)` with a
+      random `g` of the output's shape: the layer's own backward, nothing upstream. The
+      first layer's input is data and needs no gradient, as in a pipeline's first stage.
+    - output_bytes, param_bytes: sizes of the output tensor and of the parameters.
+    - optimizer_bytes: the state of `optimizer_factory(params)` after one step on a copy
+      of the layer (zero gradients): SGD with momentum keeps 1x the parameters, Adam 2x.
+      None: plain SGD, which keeps none.
+    - saved_bytes: the storages `torch.autograd.graph.saved_tensors_hooks` sees packed
+      during one forward, each storage once, the layer's parameters and buffers excluded.
+      A tensor that two adjacent layers both save (a ReLU's output is the next Linear's
+      input) counts in both, so the sum over a stage is an upper bound, exact at the
+      stage's first layer (whose input the stage keeps as received).
+
+    Forward passes run in the layers' current mode (call `model.train()` first for
+    training figures), and they move BatchNorm running statistics as training would.
+    On CUDA the device is synchronized around every timed region.
+
+    Args:
+        layers: an nn.Sequential or a list of modules, each taking the previous output.
+        sample_input: a tensor of one micro-batch (its first dimension is the batch).
+        optimizer_factory: params -> optimizer, e.g. `lambda p: torch.optim.Adam(p)`.
+        warmup, repeats: untimed and timed runs of each measurement.
+
+    Raises:
+        ValueError: no layers, repeats < 1, or warmup < 0.
+        TypeError: a layer that is not a module or does not return one tensor.
+    """
+    import torch
+
+    modules = list(layers.children() if isinstance(layers, torch.nn.Sequential) else layers)
+    if not modules:
+        raise ValueError(f"profile() needs at least one layer, e.g. {EXAMPLE_CALL}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats=} {warmup=}")
+    if not isinstance(sample_input, torch.Tensor):
+        raise TypeError(f"sample_input must be one tensor (a micro-batch), e.g. {EXAMPLE_CALL}")
+    sync = (torch.cuda.synchronize if sample_input.device.type == "cuda"
+            else (lambda: None))
+
+    out: list[LayerProfile] = []
+    x = sample_input.detach()
+    for i, module in enumerate(modules):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"layer {i} is a {type(module).__name__}, not an nn.Module")
+        name = f"{i}:{type(module).__name__}"
+        x_in = x.detach().requires_grad_(i > 0 and x.is_floating_point())
+        params = [p for p in module.parameters() if p.requires_grad]
+        y = module(x_in)
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"layer {name} returns {type(y).__name__}; every layer must "
+                            "return one tensor (wrap it in a module that does)")
+        inputs = ([x_in] if x_in.requires_grad else []) + params
+
+        def forward(module=module, x_in=x_in):
+            return module(x_in)
+
+        def backward(module=module, x_in=x_in, inputs=inputs):
+            y = module(x_in)
+            g = torch.randn_like(y)
+            sync()
+            t0 = time.perf_counter()
+            torch.autograd.grad(y, inputs, g, allow_unused=True)
+            sync()
+            return time.perf_counter() - t0
+
+        forward_s = _median(_timed(forward, sync), warmup, repeats)
+        backward_s = 0.0
+        if inputs and y.requires_grad:
+            backward_s = _median(backward, warmup, repeats)
+        out.append(LayerProfile(
+            forward_s=forward_s,
+            backward_s=backward_s,
+            output_bytes=float(_nbytes(y)),
+            param_bytes=float(sum(_nbytes(p) for p in module.parameters())),
+            optimizer_bytes=float(_optimizer_bytes(module, optimizer_factory)),
+            saved_bytes=float(_saved_bytes(module, x_in)),
+            name=name,
+        ))
+        x = y.detach()
+    batch = int(sample_input.shape[0]) if sample_input.dim() else 0
+    return ModelProfile(
+        tuple(out),
+        batch_size=batch,
+        source=f"profiled on {sample_input.device}: median of {repeats} after {warmup} "
+               f"warm-up, {torch.get_num_threads()} thread(s)",
+    )
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size()
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> Callable[[], float]:
+    def run() -> float:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    return run
+
+
+def _median(run: Callable[[], float], warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        run()
+    return statistics.median(run() for _ in range(repeats))
+
+
+def _unique_storage_bytes(tensors: Iterable[Any], skip: set[int]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            seen[ptr] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _saved_bytes(module: Any, x_in: Any) -> int:
+    import torch
+
+    packed: list[Any] = []
+
+    def pack(t: Any) -> Any:
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x_in)
+    own = {t.untyped_storage().data_ptr()
+           for t in [*module.parameters(), *module.buffers()]}
+    return _unique_storage_bytes(packed, own)
+
+
+def _optimizer_bytes(module: Any, factory: Callable[[list[Any]], Any] | None) -> int:
+    import torch
+
+    if factory is None or not any(p.requires_grad for p in module.parameters()):
+        return 0
+    twin = copy.deepcopy(module)  # stepping must not change the caller's weights
+    params = [p for p in twin.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = factory(params)
+    opt.step()
+    tensors = [v for state in opt.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor)]
+    return _unique_storage_bytes(tensors, set())

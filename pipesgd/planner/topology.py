@@ -1,0 +1,207 @@
+"""Hierarchical topologies (PipeDream Fig. 7): levels of components joined by one bandwidth.
+
+Level k (k = 1..L) groups `count` components of level k-1 with links of `bandwidth`
+bytes/s; level 0 is one worker. Written innermost level first:
+
+    "4x[20GB/s], 2x[1Gbit]"        4 workers per node at 20 GB/s, 2 nodes at 1 Gbit/s
+    "8x[100Gbit, 5us]"             one level: 8 workers, 100 Gbit/s, 5 us latency
+
+Rates are read by `pipesgd.timing.cluster.parse_bandwidth` (a bare number is bits/s),
+latencies by `parse_duration`. The memory of one worker is optional (MadPipe needs it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipesgd.timing.cluster import parse_bandwidth, parse_duration
+
+EXAMPLE = "4x[20GB/s], 2x[1Gbit]"
+
+_LEVEL = re.compile(r"\s*(\d+)\s*[xX×]\s*\[([^\[\]]*)\]\s*")
+_BYTES = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmgt]?)(i?)(b|byte|bytes)?\s*",
+                    re.IGNORECASE)
+
+
+def parse_bytes(text: str | float) -> float:
+    """A memory size in bytes: `16GB` (10^9), `16GiB` (2^30), `512MB`, or a plain number.
+
+    Raises:
+        ValueError: not a size, or not positive.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _BYTES.fullmatch(str(text))
+        if not match:
+            raise ValueError(
+                f"bad memory size {text!r}: use bytes with a unit, e.g. 16GB, 16GiB, 512MB"
+            )
+        prefix = match.group(2).lower()
+        base = 1024.0 if match.group(3) else 1000.0
+        value = float(match.group(1)) * base ** " kmgt".index(prefix or " ")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"memory size must be positive, got {text!r}; e.g. 16GB")
+    return value
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level: `count` components of the level below, joined at `bandwidth` bytes/s.
+
+    Attributes:
+        count: m_k, components of level k-1 in one component of level k (>= 1).
+        bandwidth: B_k, bytes per second of the links between them.
+        latency: seconds per message on those links (0: not given).
+    """
+
+    count: int
+    bandwidth: float
+    latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
+            raise ValueError(f"a level's count must be an integer >= 1, got {self.count!r}")
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"a level's bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+        if not (self.latency >= 0 and math.isfinite(self.latency)):
+            raise ValueError(f"a level's latency must be >= 0 s, got {self.latency!r}")
+
+    def __str__(self) -> str:
+        inner = f"{self.bandwidth / 1e9:g}GB/s"
+        if self.latency:
+            inner += f", {self.latency * 1e6:g}us"
+        return f"{self.count}x[{inner}]"
+
+
+@dataclass(frozen=True)
+class HierarchicalTopology:
+    """Levels innermost first (levels[0] is PipeDream's level 1), and one worker's memory.
+
+    Attributes:
+        levels: level k = levels[k-1]; a component of the top level is the whole cluster.
+        memory_per_worker: bytes of memory of one worker, or None when not given.
+    """
+
+    levels: tuple[Level, ...]
+    memory_per_worker: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.levels))
+        if not self.levels:
+            raise ValueError(f"a topology needs at least one level, e.g. {EXAMPLE!r}")
+        if self.memory_per_worker is not None:
+            object.__setattr__(self, "memory_per_worker", parse_bytes(self.memory_per_worker))
+
+    @classmethod
+    def parse(cls, text: str, memory_per_worker: str | float | None = None) -> HierarchicalTopology:
+        """Read `"4x[20GB/s], 2x[1Gbit]"`: comma-separated `COUNTx[BANDWIDTH(, LATENCY)]`,
+        innermost level first.
+
+        Raises:
+            ValueError: malformed text; the message names the position and shows an example.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"empty topology {text!r}; write levels innermost first, "
+                             f"e.g. {EXAMPLE!r}")
+        levels: list[Level] = []
+        pos = 0
+        while True:
+            match = _LEVEL.match(text, pos)
+            if not match:
+                raise ValueError(
+                    f"bad topology {text!r}: expected COUNTx[BANDWIDTH] at position {pos} "
+                    f"({text[pos:]!r}); write levels innermost first, e.g. {EXAMPLE!r} "
+                    "(4 workers per node at 20 GB/s, 2 nodes at 1 Gbit/s)"
+                )
+            count, inside = int(match.group(1)), match.group(2)
+            parts = [p.strip() for p in inside.split(",")]
+            if len(parts) > 2 or not parts[0]:
+                raise ValueError(
+                    f"bad level {match.group(0).strip()!r} in {text!r}: inside the brackets "
+                    "give a bandwidth and optionally a latency, e.g. 4x[20GB/s] or "
+                    "4x[20GB/s, 5us]"
+                )
+            try:
+                bandwidth = parse_bandwidth(parts[0])
+                latency = parse_duration(parts[1]) if len(parts) == 2 else 0.0
+            except ValueError as err:
+                raise ValueError(f"bad level {match.group(0).strip()!r} in {text!r}: {err}") \
+                    from None
+            if count < 1:
+                raise ValueError(f"bad level {match.group(0).strip()!r} in {text!r}: a level "
+                                 f"holds at least 1 component, e.g. {EXAMPLE!r}")
+            levels.append(Level(count, bandwidth, latency))
+            pos = match.end()
+            if pos == len(text):
+                break
+            if text[pos] != ",":
+                raise ValueError(
+                    f"bad topology {text!r}: expected ',' between levels at position {pos} "
+                    f"({text[pos:]!r}), e.g. {EXAMPLE!r}"
+                )
+            pos += 1
+        return cls(tuple(levels), memory_per_worker)
+
+    # ----------------------------------------------------------------- shape
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    @property
+    def num_workers(self) -> int:
+        return math.prod(level.count for level in self.levels)
+
+    def component_size(self, k: int) -> int:
+        """Workers in one component of level k (1 at level 0)."""
+        return math.prod(level.count for level in self.levels[:k])
+
+    def __str__(self) -> str:
+        return ", ".join(str(level) for level in self.levels)
+
+    # ----------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "levels": [
+                {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency}
+                for lv in self.levels
+            ],
+            "memory_per_worker": self.memory_per_worker,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HierarchicalTopology:
+        try:
+            levels = tuple(
+                Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)))
+                for lv in data["levels"]
+            )
+        except (KeyError, TypeError) as err:
+            raise ValueError(
+                f"a topology is {{'levels': [{{'count': 4, 'bandwidth': 2e10}}, ...], "
+                f"'memory_per_worker': null}}; missing or bad {err}"
+            ) from None
+        return cls(levels, data.get("memory_per_worker"))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> HierarchicalTopology:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def as_topology(topology: HierarchicalTopology | str) -> HierarchicalTopology:
+    """A topology from itself or its text form."""
+    if isinstance(topology, HierarchicalTopology):
+        return topology
+    if isinstance(topology, str):
+        return HierarchicalTopology.parse(topology)
+    raise TypeError(
+        f"expected a HierarchicalTopology or its text, e.g. {EXAMPLE!r}; got {type(topology)}"
+    )

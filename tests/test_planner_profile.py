@@ -1,0 +1,94 @@
+"""The planners' per-layer profile: bytes by hand, saved activations, times, JSON."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from pipesgd.planner import LayerProfile, ModelProfile, profile
+
+F32 = 4
+
+
+def small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def test_bytes_match_the_hand_count():
+    model, x = small_model(), torch.randn(4, 6)
+    prof = profile(model, x, warmup=1, repeats=3)
+    assert prof.num_layers == 3 and prof.batch_size == 4
+    assert prof.column("param_bytes") == [(6 * 5 + 5) * F32, 0, (5 * 3 + 3) * F32]
+    assert prof.column("output_bytes") == [4 * 5 * F32, 4 * 5 * F32, 4 * 3 * F32]
+    assert prof.column("optimizer_bytes") == [0, 0, 0]  # plain SGD keeps no state
+    # A Linear keeps its input for the weight gradient; the parameters are not counted.
+    saved = prof.column("saved_bytes")
+    assert saved[0] >= 4 * 6 * F32 and saved[2] >= 4 * 5 * F32
+    assert saved[1] >= 4 * 5 * F32  # ReLU keeps its output
+    assert all(layer.forward_s > 0 for layer in prof.layers)
+    # Layer 0's input is data (no gradient), but its weights need one.
+    assert all(layer.backward_s > 0 for layer in prof.layers)
+    assert [layer.name for layer in prof.layers] == ["0:Linear", "1:ReLU", "2:Linear"]
+
+
+def test_optimizer_state_is_measured_without_touching_the_model():
+    model, x = small_model(), torch.randn(4, 6)
+    before = [p.detach().clone() for p in model.parameters()]
+    momentum = profile(model, x, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                       warmup=0, repeats=1)
+    assert momentum.column("optimizer_bytes") == momentum.column("param_bytes")
+    adam = profile(model, x, lambda ps: torch.optim.Adam(ps), warmup=0, repeats=1)
+    for layer in adam.layers:
+        # exp_avg and exp_avg_sq, plus a scalar step counter per parameter tensor
+        assert 2 * layer.param_bytes <= layer.optimizer_bytes <= 2 * layer.param_bytes + 64
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_list_of_modules_works_like_a_sequential():
+    layers = [nn.Linear(3, 2), nn.Tanh()]
+    prof = profile(layers, torch.randn(2, 3), warmup=0, repeats=1)
+    assert prof.column("output_bytes") == [2 * 2 * F32, 2 * 2 * F32]
+
+
+def test_json_round_trip(tmp_path):
+    prof = profile(small_model(), torch.randn(4, 6), warmup=0, repeats=2)
+    prof.save(tmp_path / "profile.json")
+    again = ModelProfile.load(tmp_path / "profile.json")
+    assert again == prof
+    assert ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+
+
+def test_hand_made_profiles():
+    prof = ModelProfile.from_columns([1, 2], [2, 4], [400, 40], [4e6, 4e3], batch_size=8)
+    assert prof.column("compute_s") == [3.0, 6.0]
+    assert prof.layers[1].saved_bytes == 0.0 and prof.batch_size == 8
+    assert ModelProfile.from_dict(prof.to_dict()) == prof
+
+
+def test_bad_input_gives_clear_errors():
+    with pytest.raises(ValueError, match="at least one layer"):
+        profile(nn.Sequential(), torch.randn(2, 3))
+    with pytest.raises(ValueError, match="at least one layer"):
+        profile([], torch.randn(2, 3))
+    with pytest.raises(TypeError, match="one tensor"):
+        profile([nn.LSTM(3, 2)], torch.randn(2, 4, 3), warmup=0, repeats=1)
+    with pytest.raises(TypeError, match=r"not an nn\.Module"):
+        profile([torch.relu], torch.randn(2, 3))
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        profile(small_model(), torch.randn(4, 6), repeats=0)
+    with pytest.raises(ValueError, match="at least one layer"):
+        ModelProfile(())
+    with pytest.raises(ValueError, match="backward_s has 1 entries but forward_s has 2"):
+        ModelProfile.from_columns([1, 2], [1], [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="forward_s must be a finite number >= 0"):
+        LayerProfile(-1.0, 0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="'layers'"):
+        ModelProfile.from_dict({"stages": []})
+    with pytest.raises(ValueError, match="bad layer"):
+        ModelProfile.from_dict({"layers": [{"forward_s": 1.0}]})
+    prof = ModelProfile.from_columns([1, 2], [1, 1], [0, 0], [0, 0])
+    with pytest.raises(ValueError, match="2 layers but the model has 3"):
+        prof.check(3)
+    prof.check(2)
