@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "train": ("pipesgd.train.cli", "data-parallel training with Pipe-SGD (run under mpirun)"),
     "timing": ("pipesgd.timing.cli", "measure the network, predict and choose a configuration"),
     "pipeline": ("pipesgd.pipeline.cli", "1F1B / GPipe pipeline-parallel training (mpirun)"),
+    "plan": ("pipesgd.planner.cli", "choose a pipeline plan or data parallelism for a cluster"),
 }
 
 

@@ -262,19 +262,19 @@ def _check_structure(plan: Plan, schedule: Schedule) -> None:
         forwards: set[int] = set()
         backwards: set[int] = set()
         for i, a in enumerate(acts):
-            where = f"\n{format_table(schedule, {rank: i})}"
+            problem = ""
             if a.stage != stage:
-                raise ScheduleError(f"rank {rank} runs stage {stage} but lists {a}{where}")
+                problem = f"rank {rank} runs stage {stage} but lists {a}"
+            elif a.kind == "F" and a.mb in forwards:
+                problem = f"rank {rank} forwards micro-batch {a.mb} twice"
+            elif a.kind == "B" and (a.mb not in forwards or a.mb in backwards):
+                problem = f"rank {rank}: {a} needs exactly one earlier forward {stage}F{a.mb}"
+            if problem:
+                # the table only when raising: it costs the whole schedule per action
+                raise ScheduleError(f"{problem}\n{format_table(schedule, {rank: i})}")
             if a.kind == "F":
-                if a.mb in forwards:
-                    raise ScheduleError(f"rank {rank} forwards micro-batch {a.mb} twice{where}")
                 forwards.add(a.mb)
             elif a.kind == "B":
-                if a.mb not in forwards or a.mb in backwards:
-                    raise ScheduleError(
-                        f"rank {rank}: {a} needs exactly one earlier forward {stage}F{a.mb}"
-                        f"{where}"
-                    )
                 backwards.add(a.mb)
         if forwards != backwards:
             raise ScheduleError(

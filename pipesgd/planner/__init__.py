@@ -2,7 +2,7 @@
 
     import torch
     from torch import nn
-    from pipesgd.planner import madpipe, pipedream, profile, to_plan
+    from pipesgd.planner import choose, madpipe, pipedream, profile, simulate, to_plan
 
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     prof = profile(model, torch.randn(32, 64))          # per-layer times and bytes
@@ -10,12 +10,17 @@
     print(result.describe())
     to_plan(result).save("plan.json")                   # pipesgd.pipeline's format
     print(madpipe(prof, "4x[10Gbit]", memory_per_worker="1MB").describe())
+    print(simulate(to_plan(result), prof, "4x[20GB/s], 2x[1Gbit]").describe())
+    print(choose(prof, "8x[1Gbit]", "64MB", batch_size=32).explanation)
 
 Modules: profile (LayerProfile, ModelProfile, profile), topology (levels of components
 and bandwidths), pipedream (the hierarchical DP with replicated stages), madpipe (1F1B*
-activation counts and the memory-aware DP).
+activation counts and the memory-aware DP), simulate (the runtime's schedule of a plan,
+timed: samples/s, bubbles, peak memory), choose (PipeDream, MadPipe or data parallelism,
+ranked by predicted samples/s within a memory budget), cli (`pipesgd plan`).
 """
 
+from .choose import Candidate, PlanChoice, choose
 from .madpipe import (
     MadPipeResult,
     madpipe,
@@ -26,9 +31,11 @@ from .madpipe import (
 )
 from .pipedream import LevelStage, PipeDreamResult, pipedream, to_plan
 from .profile import LayerProfile, ModelProfile, profile
+from .simulate import SimulationResult, StageReport, simulate
 from .topology import HierarchicalTopology, Level, parse_bytes
 
 __all__ = [
+    "Candidate",
     "HierarchicalTopology",
     "LayerProfile",
     "Level",
@@ -36,11 +43,16 @@ __all__ = [
     "MadPipeResult",
     "ModelProfile",
     "PipeDreamResult",
+    "PlanChoice",
+    "SimulationResult",
+    "StageReport",
+    "choose",
     "madpipe",
     "madpipe_dp",
     "parse_bytes",
     "pipedream",
     "profile",
+    "simulate",
     "smallest_budget",
     "stage_memory",
     "stored_activations",

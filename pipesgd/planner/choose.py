@@ -1,0 +1,431 @@
+"""Choosing how to train on a cluster: PipeDream's plan, MadPipe's plan or data parallelism,
+ranked by predicted samples/s under a memory budget.
+
+    ranked = choose(prof, "4x[1Gbit]", "2GiB", batch_size=32)
+    print(ranked.explanation)
+    ranked.best.plan            # a pipesgd.pipeline Plan, or None for data parallelism
+
+The three families, each predicted by the model that knows how it runs:
+
+- pipedream: `pipedream()`'s partition and replicas (schedule 1f1b-rr where a stage is
+  replicated), timed by `simulate` on the topology.
+- madpipe: `madpipe()`'s memory-aware partition (only with a budget), run as the runtime
+  runs it, 1F1B with the depth (`in_flight`) of its first stage's 1F1B* count, timed by
+  `simulate`. On a hierarchy MadPipe plans one level of all the workers at the slowest
+  bandwidth (it knows one level only); the simulation then uses the real topology.
+- data-parallel: every worker holds the whole model; `pipesgd.timing.model.choose` ranks
+  staleness x compression x overlap on a network from the topology's slowest level (a
+  flat ring crosses it), or `dp_network`. Its profile is the per-layer profile's totals
+  (gradients ready as the backward reaches each layer, no optimizer step time, which the
+  per-layer profile does not measure and the pipeline simulation leaves out too).
+
+Batch sizes: `batch_size` samples per optimizer step of one worker, i.e. per rank and
+iteration for data parallelism (`pipesgd train --batch-size`) and micro_batch x
+micro_batches_per_step for a pipeline (`pipesgd pipeline --batch-size`); `micro_batch`
+(default `batch_size`) is what flows through the pipeline. The profile is scaled
+linearly to either.
+
+Memory, per worker: a pipeline's from the simulated timeline (weights x versions held +
+optimizer state + saved activations x micro-batches in flight); data parallelism's is the
+weights + optimizer state + the whole model's saved activations for one batch. A pipeline
+over the budget at its planned depth is run shallower (fewer micro-batches in flight: less
+activation and fewer stashed weights, PipeDream §5's depth trade-off): the deepest depth
+that fits. Candidates that fit at no depth are excluded, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipesgd.pipeline.plan import Plan
+from pipesgd.timing.cluster import describe_cluster
+from pipesgd.timing.model import Prediction
+from pipesgd.timing.model import choose as choose_data_parallel
+from pipesgd.timing.network import NetworkParams
+from pipesgd.timing.profile import Profile
+
+from .madpipe import madpipe, smallest_budget
+from .pipedream import pipedream, to_plan
+from .profile import LayerProfile, ModelProfile
+from .simulate import SimulationResult, batch_scale, simulate
+from .topology import HierarchicalTopology, Level, as_topology, parse_bytes
+
+FAMILIES = ("data-parallel", "pipedream", "madpipe")  # ties go to the earlier one
+DP_CORES_PER_WORKER = 2  # a worker's compute thread and the engine's comm thread, each on a
+# core of its own: the timing model without contention, as the simulator assumes workers
+TIE = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to train, predicted.
+
+    Attributes:
+        family: "data-parallel", "pipedream" or "madpipe".
+        samples_per_s: predicted steady-state throughput of the whole cluster.
+        memory_bytes: the most memory one worker needs.
+        workers: workers it uses.
+        reason: one line saying what it is and what bounds it.
+        fits: within the memory budget (always True without one).
+        plan: the runtime's plan (pipelines), None for data parallelism.
+        simulation: the simulation of `plan`.
+        prediction: the timing model's best configuration (data parallelism).
+        least_memory_bytes: the smallest budget this family could run within.
+    """
+
+    family: str
+    samples_per_s: float
+    memory_bytes: float
+    workers: int
+    reason: str
+    fits: bool = True
+    plan: Plan | None = None
+    simulation: SimulationResult | None = field(default=None, repr=False)
+    prediction: Prediction | None = field(default=None, repr=False)
+    least_memory_bytes: float = math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "family": self.family,
+            "samples_per_s": _finite(self.samples_per_s),
+            "memory_bytes": _finite(self.memory_bytes),
+            "workers": self.workers,
+            "fits": self.fits,
+            "reason": self.reason,
+        }
+        if self.plan is not None:
+            out["plan"] = self.plan.to_dict()
+        if self.simulation is not None:
+            out["simulation"] = self.simulation.to_dict()
+        if self.prediction is not None:
+            c = self.prediction.config
+            out["config"] = {"label": c.label, "staleness": c.staleness,
+                             "compression": c.compression, "overlap": c.overlap,
+                             "predicted_iteration_s": self.prediction.predicted_s}
+        return out
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """What `choose` decided.
+
+    Attributes:
+        ranked: the candidates within the budget, fastest first.
+        excluded: the others (over the budget, or not applicable), each saying why.
+        explanation: the winner against the runner-up, in a sentence or two.
+        memory_per_worker: the budget (None: not given).
+        batch_size, micro_batch: as given to `choose`.
+    """
+
+    ranked: tuple[Candidate, ...]
+    excluded: tuple[Candidate, ...]
+    explanation: str
+    memory_per_worker: float | None
+    batch_size: int
+    micro_batch: int
+
+    @property
+    def best(self) -> Candidate:
+        return self.ranked[0]
+
+    @property
+    def best_pipeline(self) -> Candidate | None:
+        """The fastest candidate with a pipeline plan, if any fits."""
+        return next((c for c in self.ranked if c.plan is not None), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "choice": self.best.family,
+            "explanation": self.explanation,
+            "memory_per_worker": self.memory_per_worker,
+            "batch_size": self.batch_size,
+            "micro_batch": self.micro_batch,
+            "ranked": [c.to_dict() for c in self.ranked],
+            "excluded": [c.to_dict() for c in self.excluded],
+        }
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no inf or NaN: None stands for them."""
+    return x if math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------- inputs
+def at_batch(profile: ModelProfile, batch: int) -> ModelProfile:
+    """The profile for `batch` samples: times, outputs and saved activations scaled
+    linearly (`batch_scale`); weights and optimizer state kept."""
+    k = batch_scale(profile, batch)
+    layers = tuple(
+        LayerProfile(lp.forward_s * k, lp.backward_s * k, lp.output_bytes * k,
+                     lp.param_bytes, lp.optimizer_bytes, lp.saved_bytes * k, lp.name)
+        for lp in profile.layers
+    )
+    return ModelProfile(layers, batch_size=batch, source=profile.source, extra=profile.extra)
+
+
+def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
+    """The timing model's whole-model profile from the per-layer one at `batch_size`:
+    forward and backward summed, gradient bytes = weight bytes, each layer's gradient
+    ready when the backward (last layer first) has passed it, no optimizer step time."""
+    scaled = at_batch(profile, batch_size)
+    backward = sum(lp.backward_s for lp in scaled.layers)
+    ready, elapsed = [], 0.0
+    for lp in reversed(scaled.layers):
+        elapsed += lp.backward_s
+        if lp.param_bytes:
+            ready.append((lp.param_bytes, min(1.0, elapsed / backward) if backward else 1.0))
+    return Profile(
+        forward_s=sum(lp.forward_s for lp in scaled.layers),
+        backward_s=backward,
+        update_s=0.0,
+        gradient_bytes=sum(lp.param_bytes for lp in scaled.layers),
+        gradient_ready=ready,
+        threads=1,
+        batch_size=batch_size,
+        model=str(profile.extra.get("model", "")),
+        source=f"per-layer profile summed ({profile.source})",
+    )
+
+
+def slowest_level(topology: HierarchicalTopology) -> Level:
+    return min(topology.levels, key=lambda lv: lv.bandwidth)
+
+
+def data_parallel_network(topology: HierarchicalTopology) -> NetworkParams:
+    """The cluster the data-parallel ring sees: the topology's slowest level, one worker
+    per host with cores for its compute and comm threads (`DP_CORES_PER_WORKER`)."""
+    level = slowest_level(topology)
+    return describe_cluster(level.bandwidth * 8, level.latency, cores=DP_CORES_PER_WORKER,
+                            ranks_per_host=1, name=f"slowest level of {topology}")
+
+
+def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:
+    """Weights + optimizer state + the whole model's saved activations for one batch."""
+    k = batch_scale(profile, batch_size)
+    return sum(lp.param_bytes + lp.optimizer_bytes + k * lp.saved_bytes
+               for lp in profile.layers)
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+# --------------------------------------------------------------------------- families
+def _data_parallel(profile: ModelProfile, topo: HierarchicalTopology, batch_size: int,
+                   network: NetworkParams | None, budget: float | None) -> Candidate:
+    p = topo.num_workers
+    net = network if network is not None else data_parallel_network(topo)
+    best = choose_data_parallel(data_parallel_profile(profile, batch_size), net, p)[0]
+    rate = p * batch_size / best.predicted_s if best.predicted_s > 0 else math.inf
+    memory = data_parallel_memory(profile, batch_size)
+    fits = budget is None or memory <= budget * (1 + TIE)
+    reason = (f"data parallelism on {p} workers, {best.config.label}: "
+              f"{best.predicted_s * 1e3:.4g} ms per iteration of {batch_size} samples per "
+              f"worker, {best.reason}")
+    if not fits:
+        reason = _over(memory, budget) + "; " + reason
+    return Candidate("data-parallel", rate, memory, p, reason, fits, prediction=best,
+                     least_memory_bytes=memory)
+
+
+def _over(memory: float, budget: float | None) -> str:
+    return f"needs {format_bytes(memory)} per worker, over the {format_bytes(budget or 0)} budget"
+
+
+def _deepest_fitting(
+    plan: Plan, run: Callable[[Plan], SimulationResult], budget: float | None
+) -> tuple[SimulationResult | None, float]:
+    """The simulation of `plan` at the deepest depth <= its own whose memory fits the
+    budget (memory grows with depth, so by bisection), and the memory at depth 1."""
+    cache: dict[int, SimulationResult] = {}
+
+    def at(depth: int) -> SimulationResult:
+        if depth not in cache:
+            cache[depth] = run(plan if depth == plan.noam else plan.replace(in_flight=depth))
+        return cache[depth]
+
+    def fits(depth: int) -> bool:
+        return budget is None or at(depth).max_memory_bytes <= budget * (1 + TIE)
+
+    deepest = plan.noam
+    if fits(deepest):
+        return at(deepest), (at(1).max_memory_bytes if budget is not None else math.nan)
+    least = at(1).max_memory_bytes
+    if not fits(1):
+        return None, least
+    lo, hi = 1, deepest  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return at(lo), least
+
+
+def _pipeline_reason(family: str, sim: SimulationResult, total_workers: int,
+                     planned_depth: int) -> str:
+    plan = sim.plan
+    reps = "/".join(str(s.replicas) for s in plan.stages)
+    depth = f"{plan.noam} micro-batch(es) in flight"
+    if plan.noam < planned_depth:
+        depth += f" (lowered from {planned_depth} to fit)"
+    return (f"{family}: {plan.num_stages} stage(s), replicas {reps}, on {plan.world_size} of "
+            f"{total_workers} workers, {plan.schedule}, {depth}; "
+            f"{sim.time_per_micro_batch_s * 1e3:.4g} ms per micro-batch of "
+            f"{plan.micro_batch}, bottleneck {sim.bottleneck}; peak "
+            f"{format_bytes(sim.max_memory_bytes)} per worker")
+
+
+def _pipeline(family: str, plan: Plan, run: Callable[[Plan], SimulationResult],
+              budget: float | None, total_workers: int) -> Candidate:
+    sim, least = _deepest_fitting(plan, run, budget)
+    if sim is None:
+        top = run(plan)
+        return Candidate(family, top.samples_per_s, top.max_memory_bytes, plan.world_size,
+                         f"{family}: " + _over(least, budget) + " even with one micro-batch "
+                         f"in flight ({_pipeline_reason(family, top, total_workers, plan.noam)})",
+                         fits=False, plan=plan, simulation=top, least_memory_bytes=least)
+    return Candidate(family, sim.samples_per_s, sim.max_memory_bytes, plan.world_size,
+                     _pipeline_reason(family, sim, total_workers, plan.noam), plan=sim.plan,
+                     simulation=sim, least_memory_bytes=least)
+
+
+def _pipedream(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int,
+               steps: int, run: Callable[[Plan], SimulationResult],
+               budget: float | None) -> Candidate:
+    result = pipedream(at_batch(profile, micro_batch), topo)
+    replicated = any(s.replicas > 1 for s in result.stages)
+    plan = to_plan(result, "1f1b-rr" if replicated else "1f1b", micro_batch)
+    plan = plan.replace(micro_batches_per_step=steps)
+    return _pipeline("pipedream", plan, run, budget, topo.num_workers)
+
+
+def _madpipe(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int,
+             steps: int, run: Callable[[Plan], SimulationResult],
+             budget: float | None) -> Candidate:
+    n = topo.num_workers
+    if budget is None:
+        return Candidate("madpipe", 0.0, math.nan, n, "madpipe: not planned, it needs a "
+                         "memory budget per worker", fits=False)
+    level = slowest_level(topo)
+    flat = HierarchicalTopology((Level(n, level.bandwidth, level.latency),))
+    scaled = at_batch(profile, micro_batch)
+    try:
+        result = madpipe(scaled, flat, memory_per_worker=budget)
+    except ValueError:
+        least, _ = smallest_budget(scaled, n)
+        return Candidate("madpipe", 0.0, least, n, "madpipe: " + _over(least, budget)
+                         + " for any partition", fits=False, least_memory_bytes=least)
+    plan = Plan(result.stages, schedule="1f1b", micro_batch=micro_batch,
+                in_flight=result.in_flight[0], micro_batches_per_step=steps,
+                extra={"planner": "madpipe",
+                       "one_f_one_b_star": {"period_s": result.period_s,
+                                            "in_flight": list(result.in_flight)}})
+    return _pipeline("madpipe", plan, run, budget, n)
+
+
+# --------------------------------------------------------------------------- choose
+def choose(
+    profile: ModelProfile,
+    topology: HierarchicalTopology | str,
+    memory_per_worker: float | str | None = None,
+    *,
+    batch_size: int,
+    micro_batch: int | None = None,
+    dp_network: NetworkParams | None = None,
+    staleness: int = 1,
+) -> PlanChoice:
+    """Rank PipeDream's plan, MadPipe's plan and data parallelism by predicted samples/s.
+
+    Args:
+        profile: per-layer figures (`pipesgd.planner.profile`), at any batch size.
+        topology: e.g. "4x[20GB/s], 2x[1Gbit]"; its memory is the default budget.
+        memory_per_worker: the budget ("16GB" or bytes); None: the topology's, or none.
+        batch_size: samples per optimizer step of one worker (see the module docstring).
+        micro_batch: samples per pipeline micro-batch (default `batch_size`); it must
+            divide `batch_size`.
+        dp_network: the network data parallelism runs on (default: from the topology).
+        staleness: K of replicated stages' all-reduce in the simulation (the runtime's
+            `pipesgd pipeline --staleness`).
+
+    Returns:
+        PlanChoice: the candidates within the budget, fastest first, those excluded and
+        why, and an explanation of the winner against the runner-up.
+
+    Raises:
+        ValueError: bad batch sizes, a profile without layers, or no candidate within the
+            budget (the message names the smallest budget that fits).
+    """
+    topo = as_topology(topology)
+    budget = (parse_bytes(memory_per_worker) if memory_per_worker is not None
+              else topo.memory_per_worker)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    micro = batch_size if micro_batch is None else micro_batch
+    if not isinstance(micro, int) or micro < 1 or batch_size % micro:
+        raise ValueError(f"the micro-batch ({micro!r}) must be a positive divisor of the batch "
+                         f"size ({batch_size}), e.g. choose(..., batch_size=32, micro_batch=8)")
+    steps = batch_size // micro
+
+    def run(plan: Plan) -> SimulationResult:
+        return simulate(plan, profile, topo, staleness=staleness)
+
+    candidates = [
+        _data_parallel(profile, topo, batch_size, dp_network, budget),
+        _pipedream(profile, topo, micro, steps, run, budget),
+        _madpipe(profile, topo, micro, steps, run, budget),
+    ]
+    fitting = [c for c in candidates if c.fits]
+    excluded = tuple(c for c in candidates if not c.fits)
+    if not fitting:
+        least = min((c for c in excluded if not math.isnan(c.least_memory_bytes)),
+                    key=lambda c: c.least_memory_bytes)
+        need = math.ceil(least.least_memory_bytes)
+        each = ", ".join(f"{c.family} {format_bytes(c.least_memory_bytes)}" for c in excluded
+                         if not math.isnan(c.least_memory_bytes))
+        raise ValueError(
+            f"no plan fits {format_bytes(budget or 0)} per worker; the smallest budget that "
+            f"fits is {need} bytes ({format_bytes(need)}, {least.family}): give a budget of "
+            f"at least that (memory_per_worker={need}, --memory {need}). Least per worker: "
+            f"{each} (a pipeline with one micro-batch in flight)"
+        )
+    fastest = max(c.samples_per_s for c in fitting)
+
+    def key(c: Candidate) -> tuple[int, float, int, int]:
+        tie = c.samples_per_s >= fastest * (1 - TIE)
+        return (0 if tie else 1, -c.samples_per_s, FAMILIES.index(c.family), c.workers)
+
+    ranked = tuple(sorted(fitting, key=key))
+    return PlanChoice(ranked, excluded, _explain(ranked), budget, batch_size, micro)
+
+
+def _explain(ranked: tuple[Candidate, ...]) -> str:
+    win = ranked[0]
+    if len(ranked) == 1:
+        return (f"{win.family} is the only candidate within the budget, "
+                f"{win.samples_per_s:.4g} samples/s: {win.reason}")
+    second = ranked[1]
+    ratio = win.samples_per_s / second.samples_per_s if second.samples_per_s else math.inf
+    lead = (f"{win.family} ties {second.family} at {win.samples_per_s:.4g} samples/s (ties "
+            f"go to {', then '.join(FAMILIES)})" if ratio <= 1 + TIE else
+            f"{win.family} wins with {win.samples_per_s:.4g} samples/s, {ratio:.2f}x the "
+            f"runner-up {second.family} ({second.samples_per_s:.4g} samples/s)")
+    return f"{lead}. Winner: {win.reason}. Runner-up: {second.reason}."
+
+
+__all__ = [
+    "DP_CORES_PER_WORKER",
+    "FAMILIES",
+    "Candidate",
+    "PlanChoice",
+    "at_batch",
+    "choose",
+    "data_parallel_memory",
+    "data_parallel_network",
+    "data_parallel_profile",
+    "format_bytes",
+]

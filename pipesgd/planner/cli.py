@@ -1,0 +1,312 @@
+"""`pipesgd plan`: profile a model, rank PipeDream's plan, MadPipe's plan and data
+parallelism for a cluster, print the winner and write its plan.
+
+    pipesgd plan --model cnn --batch-size 32 --workers 4 --bandwidth 1Gbit --json plan.json
+    pipesgd plan --model mlp --batch-size 64 --micro-batch 16 --topology "4x[20GB/s], 2x[1Gbit]"
+    pipesgd plan --model cnn --batch-size 32 --profile-only cnn.json      # profile, stop
+    pipesgd plan --profile cnn.json --batch-size 32 --workers 8 --bandwidth 10Gbit --memory 1GB
+
+The JSON is the runtime's plan (`Plan.load`, `pipesgd pipeline --plan`) of the best
+pipeline, with `predicted_samples_per_s`, the overall `choice` (which may be data
+parallelism, with the `pipesgd train` command that runs it) and the ranked `alternatives`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipesgd.model_names import HELP, parse_shape
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Choose between PipeDream's plan, MadPipe's plan and data "
+                          "parallelism for a model on a cluster (predicted samples/s).")
+    parser.add_argument("--model", help=HELP + " (default mlp, or the --profile's)")
+    parser.add_argument("--data", help="size the model for this data set, as `pipesgd train "
+                        "--data` does (digits, synthetic or an MNIST folder)")
+    parser.add_argument("--input-shape", type=parse_shape,
+                        help="shape of one sample, e.g. 784 or 3,32,32 (instead of --data)")
+    parser.add_argument("--classes", type=int, default=10, help="output classes (default 10)")
+    parser.add_argument("--batch-size", type=int, required=True,
+                        help="samples per optimizer step of one worker: per rank for data "
+                             "parallelism, micro-batch x micro-batches per step for a pipeline")
+    parser.add_argument("--micro-batch", type=int,
+                        help="samples per pipeline micro-batch (default: --batch-size); "
+                             "divides --batch-size")
+    parser.add_argument("--workers", type=int, help="number of workers (with --bandwidth)")
+    parser.add_argument("--topology",
+                        help="levels innermost first, e.g. '4x[20GB/s], 2x[1Gbit]' (4 "
+                             "workers per node, 2 nodes); instead of --workers/--bandwidth")
+    parser.add_argument("--bandwidth", help="link rate between any two workers, e.g. 1Gbit")
+    parser.add_argument("--latency", default="20us",
+                        help="one-way latency with --bandwidth (default 20us)")
+    parser.add_argument("--memory", help="memory per worker, e.g. 2GiB or 512MB (default: none)")
+    parser.add_argument("--staleness", type=int, default=1,
+                        help="K of replicated stages' all-reduce, as `pipesgd pipeline "
+                             "--staleness` (default 1)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads while profiling (default 1)")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="a per-layer profile JSON (from --profile-only) instead of "
+                             "profiling here")
+    parser.add_argument("--profile-only", metavar="FILE",
+                        help="profile the model, write the per-layer profile here and stop")
+    parser.add_argument("--json", metavar="FILE", help="write the plan and the alternatives")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _plan(args)
+    except (ValueError, OSError) as err:
+        print(f"pipesgd plan: error: {err}", file=sys.stderr)
+        return 2
+
+
+# --------------------------------------------------------------------------- inputs
+def _check(args: argparse.Namespace) -> None:
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.micro_batch is not None and (args.micro_batch < 1
+                                         or args.batch_size % args.micro_batch):
+        raise ValueError(f"--micro-batch {args.micro_batch} must divide --batch-size "
+                         f"{args.batch_size}, e.g. --batch-size 32 --micro-batch 8")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.staleness < 1:
+        raise ValueError(f"--staleness must be >= 1, got {args.staleness}")
+    if args.profile and args.profile_only:
+        raise ValueError("--profile reads a profile and --profile-only writes one: give one")
+    if args.profile and (args.data or args.input_shape):
+        raise ValueError("--data and --input-shape size a model to profile; a --profile "
+                         "file is already measured")
+
+
+def topology_of(args: argparse.Namespace) -> Any:
+    """The cluster from --topology, or from --workers and --bandwidth (one level)."""
+    from .topology import HierarchicalTopology
+
+    if args.topology and args.bandwidth:
+        raise ValueError("give --topology or --bandwidth, not both (a topology's levels "
+                         "carry their bandwidths, e.g. --topology '4x[20GB/s], 2x[1Gbit]')")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.topology:
+        topo = HierarchicalTopology.parse(args.topology)
+        if args.workers is not None and args.workers != topo.num_workers:
+            raise ValueError(f"--workers {args.workers} but the topology {args.topology!r} "
+                             f"has {topo.num_workers} workers; drop --workers or fix one")
+        return topo
+    if not args.bandwidth:
+        raise ValueError("say how the workers are connected: --workers 4 --bandwidth 1Gbit, "
+                         "or --topology '4x[20GB/s], 2x[1Gbit]'")
+    if args.workers is None:
+        raise ValueError("--bandwidth needs --workers, e.g. --workers 4 --bandwidth 1Gbit")
+    return HierarchicalTopology.parse(f"{args.workers}x[{args.bandwidth}, {args.latency}]")
+
+
+def _layer_model(args: argparse.Namespace) -> Any:
+    from pipesgd.model_names import layer_model
+    from pipesgd.pipeline.models import MODELS
+    from pipesgd.timing.cli import model_shape
+
+    shape = model_shape(args)
+    if shape:
+        return layer_model(args.model, shape["input_shape"], shape["num_classes"])
+    return MODELS[args.model]()
+
+
+def measure(args: argparse.Namespace) -> Any:
+    """Profile --model layer by layer on one micro-batch of random samples."""
+    import torch
+
+    from .profile import ModelProfile, profile
+
+    spec = _layer_model(args)
+    batch = args.micro_batch or args.batch_size
+    previous = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        net = spec.build(seed=0).train()
+        x = torch.randn(batch, *spec.input_shape, generator=torch.Generator().manual_seed(0))
+        prof = profile(net, x)
+    finally:
+        torch.set_num_threads(previous)
+    return ModelProfile(prof.layers, batch_size=prof.batch_size, source=prof.source,
+                        extra={"model": args.model, "input_shape": list(spec.input_shape),
+                               "num_classes": spec.num_classes})
+
+
+def _profile(args: argparse.Namespace) -> Any:
+    from .profile import ModelProfile
+
+    if not args.profile:
+        args.model = args.model or "mlp"
+        return measure(args)
+    prof = ModelProfile.load(args.profile)
+    given = args.model
+    args.model = given or str(prof.extra.get("model") or "mlp")
+    if given:
+        prof.check(_layer_model(args).num_layers)
+    return prof
+
+
+# --------------------------------------------------------------------------- output
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def describe_profile(prof: Any, model: str) -> str:
+    from .choose import format_bytes
+
+    total = {k: sum(getattr(lp, k) for lp in prof.layers)
+             for k in ("forward_s", "backward_s", "param_bytes", "saved_bytes")}
+    return (f"model {model}: {prof.num_layers} layers, profile at batch {prof.batch_size} "
+            f"({prof.source}): forward {_ms(total['forward_s'])} ms, backward "
+            f"{_ms(total['backward_s'])} ms, weights {format_bytes(total['param_bytes'])}, "
+            f"saved activations {format_bytes(total['saved_bytes'])}")
+
+
+def format_ranking(choice: Any) -> str:
+    from .choose import format_bytes
+
+    head = f"{'#':>2}  {'candidate':<14} {'workers':>7} {'samples/s':>11} {'memory/worker':>14}"
+    lines = [head, "-" * len(head)]
+    for i, c in enumerate(choice.ranked, 1):
+        lines.append(f"{i:>2}  {c.family:<14} {c.workers:>7} {c.samples_per_s:>11.1f} "
+                     f"{format_bytes(c.memory_bytes):>14}")
+    for c in choice.excluded:
+        rate = f"{c.samples_per_s:.1f}" if c.plan or c.prediction else "-"
+        memory = format_bytes(c.memory_bytes) if c.memory_bytes == c.memory_bytes else "-"
+        lines.append(f"{'-':>2}  {c.family:<14} {c.workers:>7} {rate:>11} {memory:>14}"
+                     "  excluded")
+    lines.append("")
+    lines += [f"{i:>2}. {c.reason}" for i, c in enumerate(choice.ranked, 1)]
+    lines += [f" -. {c.reason}" for c in choice.excluded]
+    return "\n".join(lines)
+
+
+def format_stages(candidate: Any) -> str:
+    """One row per stage of a pipeline candidate's simulated plan."""
+    from .choose import format_bytes
+
+    sim = candidate.simulation
+    plan = sim.plan
+    steps = plan.micro_batches_per_step
+    lines = [f"{candidate.family} plan: {plan.schedule}, micro-batch {plan.micro_batch}, "
+             f"{plan.noam} in flight, {steps} micro-batch(es) per step; "
+             f"{sim.samples_per_s:.1f} samples/s, bottleneck {sim.bottleneck}"]
+    head = (f"{'stage':>5}  {'layers':<10} {'replicas':>8} {'fwd+bwd ms':>10} "
+            f"{'all-reduce ms':>13} {'busy':>5} {'in flight':>9} {'versions':>8} "
+            f"{'memory':>10}")
+    lines += [head, "-" * len(head)]
+    for s in sim.stages:
+        mark = "  <- bottleneck" if sim.bottleneck == f"stage {s.stage}" else ""
+        reduce = _ms(s.allreduce_s) if s.replicas > 1 else "-"
+        lines.append(f"{s.stage:>5}  {f'[{s.start}, {s.end})':<10} {s.replicas:>8} "
+                     f"{_ms(s.compute_s):>10} {reduce:>13} {s.busy:>5.0%} {s.in_flight:>9} "
+                     f"{s.weight_versions:>8} {format_bytes(s.memory_bytes):>10}{mark}")
+    if sim.link_busy:
+        lines.append("links busy: " + ", ".join(f"{i}-{i + 1} {b:.0%}"
+                                                 for i, b in enumerate(sim.link_busy)))
+    return "\n".join(lines)
+
+
+def _model_args(args: argparse.Namespace) -> list[str]:
+    """The model options of `pipesgd pipeline` (its --data takes digits or synthetic)."""
+    out = ["--model", args.model]
+    if args.data in ("digits", "synthetic"):
+        out += ["--data", args.data]
+    if args.input_shape:
+        out += ["--input-shape", ",".join(map(str, args.input_shape)),
+                "--classes", str(args.classes)]
+    return out
+
+
+def train_command(args: argparse.Namespace, candidate: Any, workers: int) -> str:
+    c = candidate.prediction.config
+    words = ["mpirun", "-n", str(workers), "pipesgd", "train", "--model", args.model]
+    if args.data:
+        words += ["--data", args.data]
+    words += ["--batch-size", str(args.batch_size), "--staleness", str(c.staleness),
+              "--compression", c.compression, "--overlap", c.overlap]
+    return " ".join(words)
+
+
+def pipeline_command(args: argparse.Namespace, candidate: Any) -> str:
+    words = ["mpirun", "-n", str(candidate.plan.world_size), "pipesgd", "pipeline",
+             *_model_args(args), "--plan", args.json or "PLAN.json"]
+    if args.staleness != 1:
+        words += ["--staleness", str(args.staleness)]
+    return " ".join(words)
+
+
+def _json(choice: Any, args: argparse.Namespace, commands: dict[str, str]) -> dict[str, Any]:
+    best = choice.best
+    pipeline = choice.best_pipeline
+    head: dict[str, Any] = {"family": best.family,
+                            "samples_per_s": best.to_dict()["samples_per_s"],
+                            "reason": best.reason, "explanation": choice.explanation}
+    if best.family in commands:
+        head["command"] = commands[best.family]
+    out: dict[str, Any] = {}
+    if pipeline is not None:
+        out.update(pipeline.plan.to_dict())
+        out["planner"] = pipeline.family
+        out["predicted_samples_per_s"] = pipeline.to_dict()["samples_per_s"]
+        out["command"] = commands["pipeline"]
+    out["choice"] = head
+    out["memory_per_worker"] = choice.memory_per_worker
+    out["alternatives"] = [c.to_dict() for c in (*choice.ranked, *choice.excluded)]
+    return out
+
+
+# --------------------------------------------------------------------------- run
+def _plan(args: argparse.Namespace) -> int:
+    _check(args)
+    if args.profile_only:
+        args.model = args.model or "mlp"
+        prof = measure(args)
+        prof.save(args.profile_only)
+        print(describe_profile(prof, args.model))
+        print(f"wrote {args.profile_only}")
+        return 0
+    topo = topology_of(args)
+    prof = _profile(args)
+    from .choose import choose, format_bytes
+
+    choice = choose(prof, topo, args.memory, batch_size=args.batch_size,
+                    micro_batch=args.micro_batch, staleness=args.staleness)
+    budget = ("no budget (--memory)" if choice.memory_per_worker is None
+              else format_bytes(choice.memory_per_worker))
+    print(describe_profile(prof, args.model))
+    print(f"cluster: {topo} ({topo.num_workers} workers), memory per worker: {budget}; "
+          f"batch {choice.batch_size} per worker step, micro-batch {choice.micro_batch}")
+    print()
+    print(format_ranking(choice))
+    print()
+    best, pipeline = choice.best, choice.best_pipeline
+    commands = {}
+    if pipeline is not None:
+        commands["pipeline"] = pipeline_command(args, pipeline)
+        title = "" if pipeline is best else "best pipeline (not the choice): "
+        print(title + format_stages(pipeline))
+        print()
+    dp = next((c for c in choice.ranked if c.family == "data-parallel"), None)
+    if dp is not None:
+        commands["data-parallel"] = train_command(args, dp, topo.num_workers)
+    print(f"choice: {choice.explanation}")
+    if best.family == "data-parallel":
+        print(f"data parallelism wins; run it with:\n  {commands['data-parallel']}")
+    else:
+        print(f"run it with:\n  {commands['pipeline']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(_json(choice, args, commands), indent=2) + "\n")
+        what = ("the plan" if pipeline is best else
+                "the best pipeline's plan" if pipeline is not None else
+                "the choice (no pipeline plan fits)")
+        print(f"wrote {args.json} ({what} and the alternatives)")
+    return 0

@@ -1,0 +1,578 @@
+"""Discrete-event simulation of a `Plan`: the runtime's own action lists, timed.
+
+Every rank runs its list of `schedule.lower(plan, schedule.generate(plan, n))`, the list
+`Pipeline.train_epoch` executes (`schedule.build` returns it after a deadlock check, which
+this simulation repeats in passing), one action at a time:
+
+    F, B     busy for the stage's forward / backward time: the sum of its layers' times in
+             the profile, times micro_batch / profile.batch_size
+    SF, SB   free (the runtime's sends are non-blocking); the message, a_l bytes of the
+             layer at the stage boundary (scaled like the times), waits for the link
+             between the two ranks, occupies it bytes / bandwidth and arrives one latency
+             after that
+    RF, RB   waits for its message (the runtime posts receives ahead, so a transfer never
+             waits for its receive)
+    AR       free: the round's all-reduce starts once every replica of the stage has
+             reached it and the stage's previous round is done (the engine runs rounds in
+             order), and takes 2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
+    U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
+             runtime's default), the one K-1 rounds back, or every one at the last round
+
+so the all-reduce of a replicated stage starts when the backward of the last micro-batch
+of an update round ends, as `ReplicaGradientSync` does, not by PipeDream's wait-free rule
+(per-layer all-reduces overlapping the rest of the backward).
+
+Links and placement. Ranks map to topology workers by `plan.extra["placement"]` (what
+`to_plan` writes) or in rank order. Two ranks talk over the lowest level holding both;
+a replica ring over the lowest level holding all of them. One link joins each pair of
+ranks and both directions share it, as PipeDream's 2a_s/B_k and MadPipe's C = 2a/β count
+it. Without a topology communication is free.
+
+Steady state. Let c_i be the end of stage 0's backward of micro-batch i (its last compute).
+Enough micro-batches are run that the window from c_a to c_b, b - a a whole number of
+cycles (micro_batches_per_step x the lcm of the replica counts) with the startup before a
+and the drain after b, sees the periodic regime: samples/s = (b - a) micro_batch /
+(c_b - c_a); a stage's bubble is the fraction of that window its replicas spend not
+computing (waiting for a message, a neighbour or an all-reduce), averaged over them.
+
+Memory, counted along each rank's timeline as the runtime holds it: weights x (1 + the
+stashed copies alive, `WeightStash` for 1f1b, none for gpipe's `LatestWeights`) +
+optimizer state + saved activations x micro-batches between their forward and backward;
+the peak over the run, the largest over a stage's replicas.
+
+Left out: the optimizer step's time (the profile has none), the CPU cost of communication,
+several peers sharing one rank's NIC and all-reduces sharing links with activations,
+compression of the replicas' all-reduce, gradient and communication buffers in memory.
+
+Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
+
+    prof = ModelProfile.from_columns([1] * 4, [2] * 4, [0] * 4, [0] * 4, batch_size=8)
+    sim = simulate(Plan.even(4, 4, micro_batch=8), prof)
+    sim.time_per_micro_batch_s, sim.bubble_fraction     # 3.0, (0.0, 0.0, 0.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipesgd.pipeline import schedule as sched
+from pipesgd.pipeline.plan import Plan
+from pipesgd.pipeline.schedule import Action
+
+from .profile import ModelProfile
+from .topology import HierarchicalTopology, as_topology
+
+SATURATED = 0.99  # a resource busier than this in steady state is the bottleneck
+MIN_MEASURED_CYCLES = 4
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One compute action of one rank: `action` (e.g. "2F0") from `start` to `end` (s)."""
+
+    rank: int
+    action: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage in the simulation.
+
+    Attributes:
+        stage, start, end, replicas: the plan's stage (layers [start, end)).
+        forward_s, backward_s: one micro-batch on one replica.
+        allreduce_s: one round of the replicas' ring all-reduce (0: not replicated).
+        busy: steady-state fraction of time its replicas compute (mean over replicas).
+        in_flight: most micro-batches one replica holds between forward and backward.
+        weight_versions: most weight versions one replica holds (live + stashed copies).
+        memory_bytes: peak memory of its busiest replica.
+    """
+
+    stage: int
+    start: int
+    end: int
+    replicas: int
+    forward_s: float
+    backward_s: float
+    allreduce_s: float
+    busy: float
+    in_flight: int
+    weight_versions: int
+    memory_bytes: float
+
+    @property
+    def bubble(self) -> float:
+        """Steady-state fraction of time its replicas are idle."""
+        return 1.0 - self.busy
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What `simulate` found.
+
+    Attributes:
+        plan: the plan simulated.
+        samples_per_s: steady-state throughput.
+        time_per_micro_batch_s: steady-state time between two micro-batches.
+        stages: one `StageReport` per stage.
+        link_busy: per stage boundary (stage s to s+1), the busiest of its links' fraction
+            of steady-state time carrying activations or gradients.
+        allreduce_busy: per stage, fraction of steady-state time its all-reduce runs.
+        bottleneck: the busiest resource ("stage 1", "link 0-1", "all-reduce of stage 0"),
+            or "pipeline depth" when none is saturated (the pipeline waits on latency).
+        num_micro_batches: micro-batches simulated.
+        window_s: (start, end) of the steady-state window.
+        makespan_s: time until the last rank finished.
+        timeline: every F and B of every rank.
+    """
+
+    plan: Plan
+    samples_per_s: float
+    time_per_micro_batch_s: float
+    stages: tuple[StageReport, ...]
+    link_busy: tuple[float, ...]
+    allreduce_busy: tuple[float, ...]
+    bottleneck: str
+    num_micro_batches: int
+    window_s: tuple[float, float]
+    makespan_s: float
+    timeline: tuple[Interval, ...] = field(repr=False, default=())
+
+    @property
+    def bubble_fraction(self) -> tuple[float, ...]:
+        return tuple(s.bubble for s in self.stages)
+
+    @property
+    def peak_memory_bytes(self) -> tuple[float, ...]:
+        return tuple(s.memory_bytes for s in self.stages)
+
+    @property
+    def max_memory_bytes(self) -> float:
+        """The most memory any worker needs."""
+        return max(self.peak_memory_bytes)
+
+    def describe(self) -> str:
+        plan = self.plan
+        lines = [f"simulated {plan.schedule} plan, {plan.num_stages} stage(s) on "
+                 f"{plan.world_size} worker(s), micro-batch {plan.micro_batch}, in flight "
+                 f"{plan.noam}: {self.samples_per_s:.6g} samples/s "
+                 f"({self.time_per_micro_batch_s * 1e3:.6g} ms per micro-batch), "
+                 f"bottleneck {self.bottleneck}"]
+        for s in self.stages:
+            lines.append(f"  stage {s.stage}: layers [{s.start}, {s.end}) x{s.replicas}, "
+                         f"{s.compute_s * 1e3:.4g} ms, bubble {s.bubble:.0%}, "
+                         f"{s.in_flight} in flight, {s.memory_bytes / 1e6:.4g} MB")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples_per_s": self.samples_per_s,
+            "time_per_micro_batch_s": self.time_per_micro_batch_s,
+            "bottleneck": self.bottleneck,
+            "stages": [
+                {"layers": [s.start, s.end], "replicas": s.replicas,
+                 "forward_s": s.forward_s, "backward_s": s.backward_s,
+                 "allreduce_s": s.allreduce_s, "bubble": s.bubble,
+                 "in_flight": s.in_flight, "weight_versions": s.weight_versions,
+                 "memory_bytes": s.memory_bytes}
+                for s in self.stages
+            ],
+            "link_busy": list(self.link_busy),
+            "allreduce_busy": list(self.allreduce_busy),
+            "num_micro_batches": self.num_micro_batches,
+        }
+
+
+# --------------------------------------------------------------------------- the model
+def batch_scale(profile: ModelProfile, batch: int) -> float:
+    """Factor from the profile's figures to `batch` samples (times, activations): linear;
+    1 where the profile does not say its batch size."""
+    return batch / profile.batch_size if profile.batch_size else 1.0
+
+
+@dataclass(frozen=True)
+class _StageCost:
+    forward_s: float
+    backward_s: float
+    output_bytes: float  # sent downstream per micro-batch
+    input_bytes: float  # its gradient, sent upstream per micro-batch
+    weight_bytes: float
+    optimizer_bytes: float
+    saved_bytes: float  # per micro-batch
+
+
+def _stage_costs(plan: Plan, profile: ModelProfile) -> list[_StageCost]:
+    k = batch_scale(profile, plan.micro_batch)
+    layers = profile.layers
+    out = []
+    for sp in plan.stages:
+        mine = layers[sp.start:sp.end]
+        out.append(_StageCost(
+            forward_s=k * sum(lp.forward_s for lp in mine),
+            backward_s=k * sum(lp.backward_s for lp in mine),
+            output_bytes=k * layers[sp.end - 1].output_bytes,
+            input_bytes=k * layers[sp.start - 1].output_bytes if sp.start > 0 else 0.0,
+            weight_bytes=sum(lp.param_bytes for lp in mine),
+            optimizer_bytes=sum(lp.optimizer_bytes for lp in mine),
+            saved_bytes=k * sum(lp.saved_bytes for lp in mine),
+        ))
+    return out
+
+
+class _Network:
+    """Bandwidth and latency between ranks, from the topology and the placement."""
+
+    def __init__(self, plan: Plan, topology: HierarchicalTopology | None,
+                 placement: Sequence[Sequence[int]] | None) -> None:
+        self.topology = topology
+        world = plan.world_size
+        if topology is None:
+            self.worker = list(range(world))
+            return
+        if topology.num_workers < world:
+            raise ValueError(f"the plan needs {world} workers but the topology "
+                             f"{str(topology)!r} has {topology.num_workers}")
+        if placement is None:
+            placement = plan.extra.get("placement")
+        if placement is None:
+            self.worker = list(range(world))
+            return
+        shape = [len(w) for w in placement]
+        if shape != [s.replicas for s in plan.stages]:
+            raise ValueError(f"the placement gives {shape} workers per stage but the plan "
+                             f"has {[s.replicas for s in plan.stages]} replicas")
+        self.worker = [int(w) for ws in placement for w in ws]
+        if len(set(self.worker)) != world or not all(
+                0 <= w < topology.num_workers for w in self.worker):
+            raise ValueError(f"the placement {list(map(list, placement))} must name "
+                             f"{world} distinct workers of 0..{topology.num_workers - 1}")
+
+    def _level(self, workers: Sequence[int]) -> tuple[float, float]:
+        assert self.topology is not None
+        for k in range(1, self.topology.num_levels + 1):
+            size = self.topology.component_size(k)
+            if len({w // size for w in workers}) == 1:
+                level = self.topology.levels[k - 1]
+                return level.bandwidth, level.latency
+        raise AssertionError("the top level holds every worker")  # pragma: no cover
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(bytes/s, latency s) between ranks a and b."""
+        if self.topology is None:
+            return math.inf, 0.0
+        return self._level([self.worker[a], self.worker[b]])
+
+    def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
+        """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency."""
+        r = len(ranks)
+        if r < 2 or self.topology is None:
+            return 0.0
+        bandwidth, latency = self._level([self.worker[x] for x in ranks])
+        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
+
+
+def _no_step_between_forward_and_backward(acts: list[Action]) -> set[int]:
+    """Micro-batches whose forward and backward see no optimizer step in between: the
+    runtime runs them on the live weights, with no stashed copy (`runtime.py`)."""
+    open_since: dict[int, bool] = {}
+    out = set()
+    for a in acts:
+        if a.kind == "F":
+            open_since[a.mb] = True
+        elif a.kind == "U":
+            open_since = dict.fromkeys(open_since, False)
+        elif a.kind == "B" and open_since.pop(a.mb):
+            out.add(a.mb)
+    return out
+
+
+class _Memory:
+    """One rank's memory as the runtime's weight policy and stage hold it."""
+
+    def __init__(self, cost: _StageCost, stash: bool, live_ok: set[int]) -> None:
+        self.cost = cost
+        self.stash = stash
+        self.live_ok = live_ok
+        self.version = 0
+        self.copies: dict[int, set[int]] = {}  # stashed version -> micro-batches using it
+        self.of_mb: dict[int, int | None] = {}  # micro-batch -> its copy (None: live)
+        self.peak_bytes = 0.0
+        self.peak_in_flight = 0
+        self.peak_versions = 1
+
+    def forward(self, mb: int) -> None:
+        v = self.version
+        if not self.stash or (mb in self.live_ok and v not in self.copies):
+            self.of_mb[mb] = None
+        else:
+            self.copies.setdefault(v, set()).add(mb)
+            self.of_mb[mb] = v
+        self._record()
+
+    def backward_done(self, mb: int) -> None:
+        v = self.of_mb.pop(mb)
+        if v is not None:
+            users = self.copies[v]
+            users.discard(mb)
+            if not users:
+                del self.copies[v]
+
+    def update(self) -> None:
+        self.version += 1
+
+    def _record(self) -> None:
+        c = self.cost
+        versions = 1 + len(self.copies)
+        in_flight = len(self.of_mb)
+        held = versions * c.weight_bytes + c.optimizer_bytes + in_flight * c.saved_bytes
+        self.peak_bytes = max(self.peak_bytes, held)
+        self.peak_in_flight = max(self.peak_in_flight, in_flight)
+        self.peak_versions = max(self.peak_versions, versions)
+
+
+def _window_sizes(plan: Plan) -> tuple[int, int]:
+    """(micro-batches per cycle, cycles to skip for the startup and keep for the drain)."""
+    cycle = plan.micro_batches_per_step * math.lcm(*(s.replicas for s in plan.stages))
+    admitted = (plan.micro_batches_per_step if plan.schedule == "gpipe"
+                else plan.noam * plan.stages[0].replicas)
+    settle = math.ceil((2 * admitted + 2 * plan.world_size) / cycle)
+    return cycle, settle
+
+
+def _busy(intervals: Sequence[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] that the (sorted, disjoint) intervals cover."""
+    return sum(max(0.0, min(e, t1) - max(s, t0)) for s, e in intervals)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+# --------------------------------------------------------------------------- simulate
+def simulate(
+    plan: Plan,
+    profile: ModelProfile,
+    topology: HierarchicalTopology | str | None = None,
+    *,
+    placement: Sequence[Sequence[int]] | None = None,
+    num_micro_batches: int | None = None,
+    staleness: int = 1,
+) -> SimulationResult:
+    """Time `plan` on `topology` with the per-layer figures of `profile`.
+
+    Args:
+        plan: stages, replicas, schedule, micro-batch size, depth (`in_flight`).
+        profile: per-layer forward/backward time, output, weight, optimizer and saved
+            bytes, for `profile.batch_size` samples (scaled linearly to the micro-batch).
+        topology: e.g. "4x[20GB/s], 2x[1Gbit]"; None: communication takes no time.
+        placement: per stage, the topology workers of its replicas (default: the plan's
+            `extra["placement"]` if it has one, else rank order).
+        num_micro_batches: micro-batches to run (None: enough for the startup, at least
+            four steady-state cycles and the drain).
+        staleness: K of the replicated stages' all-reduce (the runtime's `--staleness`).
+
+    Returns:
+        SimulationResult: steady-state samples/s, per-stage bubble and peak memory,
+        link and all-reduce load, the bottleneck, the timeline.
+
+    Raises:
+        ValueError: a profile of another layer count, a topology with fewer workers than
+            the plan, a bad placement, too few micro-batches for a steady state.
+        DeadlockError: ranks that wait on each other forever (with the schedule table).
+    """
+    profile.check(plan.num_layers)
+    if not isinstance(staleness, int) or staleness < 1:
+        raise ValueError(f"staleness must be an integer >= 1, got {staleness!r}")
+    topo = None if topology is None else as_topology(topology)
+    net = _Network(plan, topo, placement)
+    costs = _stage_costs(plan, profile)
+    cycle, settle = _window_sizes(plan)
+    least = (2 * settle + 1) * cycle
+    n = num_micro_batches if num_micro_batches is not None else \
+        (2 * settle + max(MIN_MEASURED_CYCLES, settle)) * cycle
+    if n < least:
+        raise ValueError(f"{n} micro-batches leave no steady state between the startup and "
+                         f"the drain of this plan; simulate at least {least}")
+    # The lists `schedule.build` returns, without its offline check: a stall shows here.
+    acts = sched.lower(plan, sched.generate(plan, n))
+    world = plan.world_size
+    stage_of = [plan.position(r)[0] for r in range(world)]
+    ranks_of = [[plan.rank_of(s, i) for i in range(sp.replicas)]
+                for s, sp in enumerate(plan.stages)]
+    ring_s = [net.ring_s(ranks_of[s], costs[s].weight_bytes) for s in range(plan.num_stages)]
+    last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
+                  for s in range(plan.num_stages)]
+    memory = [
+        _Memory(costs[stage_of[r]], plan.schedule != "gpipe",
+                _no_step_between_forward_and_backward(acts[r]))
+        for r in range(world)
+    ]
+
+    pc = [0] * world
+    heap: list[tuple[float, int, int]] = []
+    seq = 0
+
+    def wake(t: float, rank: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, rank))
+        seq += 1
+
+    arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
+    waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
+    link_free: dict[tuple[int, int], float] = defaultdict(float)
+    link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    ar_arrived: dict[tuple[int, int], list[float]] = defaultdict(list)
+    ar_end: dict[tuple[int, int], float] = {}
+    ar_free = [0.0] * plan.num_stages
+    ar_use: list[list[tuple[float, float]]] = [[] for _ in plan.stages]
+    waiting_ar: dict[tuple[int, int], list[int]] = defaultdict(list)
+    compute: list[list[Interval]] = [[] for _ in range(world)]
+    done: dict[int, float] = {}  # micro-batch -> end of stage 0's backward
+
+    for r in range(world):
+        wake(0.0, r)
+    while heap:
+        t, _, rank = heapq.heappop(heap)
+        mine = acts[rank]
+        stage = stage_of[rank]
+        cost = costs[stage]
+        while pc[rank] < len(mine):
+            a = mine[pc[rank]]
+            if a.kind in ("F", "B"):
+                d = cost.forward_s if a.kind == "F" else cost.backward_s
+                compute[rank].append(Interval(rank, str(a), t, t + d))
+                if a.kind == "F":
+                    memory[rank].forward(a.mb)
+                else:
+                    memory[rank].backward_done(a.mb)
+                    if stage == 0:
+                        done[a.mb] = t + d
+                pc[rank] += 1
+                wake(t + d, rank)
+                break
+            if a.kind in ("SF", "SB"):
+                dst = sched.peer(plan, a)
+                nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
+                bandwidth, latency = net.link(rank, dst)
+                pair = (min(rank, dst), max(rank, dst))
+                start = max(t, link_free[pair])
+                took = nbytes / bandwidth
+                link_free[pair] = start + took
+                if took > 0:
+                    link_use[pair].append((start, start + took))
+                key = (dst, sched.message_key(a))
+                arrival[key] = start + took + latency
+                if key in waiting_msg:
+                    wake(arrival[key], waiting_msg.pop(key))
+            elif a.kind in ("RF", "RB"):
+                key = (rank, sched.message_key(a))
+                if key not in arrival:
+                    waiting_msg[key] = rank
+                    break
+                at = arrival.pop(key)
+                if at > t:
+                    arrival[key] = at
+                    wake(at, rank)
+                    break
+            elif a.kind == "AR":
+                round_key = (stage, a.mb)
+                ar_arrived[round_key].append(t)
+                if len(ar_arrived[round_key]) == plan.stages[stage].replicas:
+                    start = max(max(ar_arrived.pop(round_key)), ar_free[stage])
+                    ar_free[stage] = ar_end[round_key] = start + ring_s[stage]
+                    ar_use[stage].append((start, start + ring_s[stage]))
+                    for other in waiting_ar.pop(round_key, []):
+                        wake(ar_end[round_key], other)
+            elif a.kind == "U":
+                if plan.stages[stage].replicas > 1:
+                    due = a.mb if a.mb == last_round[stage] else a.mb - (staleness - 1)
+                    if due >= 0:
+                        if (stage, due) not in ar_end:
+                            waiting_ar[(stage, due)].append(rank)
+                            break
+                        if ar_end[(stage, due)] > t:
+                            wake(ar_end[(stage, due)], rank)
+                            break
+                memory[rank].update()
+            pc[rank] += 1
+    stuck = {r: pc[r] for r in range(world) if pc[r] < len(acts[r])}
+    if stuck:
+        detail = ", ".join(f"rank {r} waits at {acts[r][i]}" for r, i in stuck.items())
+        raise sched.DeadlockError(f"schedule deadlocks: {detail}\n"
+                                  f"{sched.format_table(acts, stuck)}")
+
+    # ------------------------------------------------------------------ steady state
+    measured = (n - 2 * settle * cycle) // cycle
+    first, last = settle * cycle, (settle + measured) * cycle
+    t0, t1 = done[first], done[last]
+    span = t1 - t0
+    per_mb = span / (last - first)
+    samples_per_s = plan.micro_batch / per_mb if per_mb > 0 else math.inf
+
+    def fraction(intervals: Sequence[tuple[float, float]]) -> float:
+        return _busy(intervals, t0, t1) / span if span > 0 else 0.0
+
+    busy_rank = [fraction([(iv.start, iv.end) for iv in compute[r]]) for r in range(world)]
+    link_busy = []
+    for s in range(plan.num_stages - 1):
+        pairs = [(min(a, b), max(a, b)) for a in ranks_of[s] for b in ranks_of[s + 1]]
+        link_busy.append(max((fraction(link_use[p]) for p in pairs), default=0.0))
+    allreduce_busy = [fraction(_union(ar_use[s])) for s in range(plan.num_stages)]
+
+    reports = []
+    for s, sp in enumerate(plan.stages):
+        held = [memory[r] for r in ranks_of[s]]
+        reports.append(StageReport(
+            stage=s, start=sp.start, end=sp.end, replicas=sp.replicas,
+            forward_s=costs[s].forward_s, backward_s=costs[s].backward_s,
+            allreduce_s=ring_s[s],
+            busy=sum(busy_rank[r] for r in ranks_of[s]) / sp.replicas,
+            in_flight=max(m.peak_in_flight for m in held),
+            weight_versions=max(m.peak_versions for m in held),
+            memory_bytes=max(m.peak_bytes for m in held),
+        ))
+    resources = [(f"stage {r.stage}", r.busy) for r in reports]
+    resources += [(f"link {s}-{s + 1}", b) for s, b in enumerate(link_busy)]
+    resources += [(f"all-reduce of stage {s}", b) for s, b in enumerate(allreduce_busy)]
+    name, load = max(resources, key=lambda x: x[1])
+    bottleneck = name if load >= SATURATED else \
+        f"pipeline depth (busiest: {name}, {load:.0%})"
+    return SimulationResult(
+        plan=plan,
+        samples_per_s=samples_per_s,
+        time_per_micro_batch_s=per_mb,
+        stages=tuple(reports),
+        link_busy=tuple(link_busy),
+        allreduce_busy=tuple(allreduce_busy),
+        bottleneck=bottleneck,
+        num_micro_batches=n,
+        window_s=(t0, t1),
+        makespan_s=max((c[-1].end for c in compute if c), default=0.0),
+        timeline=tuple(iv for c in compute for iv in c),
+    )
+
+
+__all__ = [
+    "Interval",
+    "SimulationResult",
+    "StageReport",
+    "batch_scale",
+    "simulate",
+]

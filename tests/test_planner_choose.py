@@ -1,0 +1,187 @@
+"""The chooser: ranking consistent with the simulator and the timing model on hand-made
+profiles, the memory budget respected (depth lowered, candidates excluded), the error
+naming the smallest budget that fits."""
+
+import pytest
+
+from pipesgd.planner import ModelProfile, choose, simulate
+from pipesgd.planner.choose import (
+    at_batch,
+    data_parallel_memory,
+    data_parallel_network,
+    data_parallel_profile,
+)
+from pipesgd.planner.topology import HierarchicalTopology
+from pipesgd.timing import describe_cluster
+from pipesgd.timing.model import choose as choose_data_parallel
+
+MB = 1e6
+
+
+def heavy_weights():
+    """4 layers of 1 + 2 ms at batch 8, 100 MB of weights each, 1 kB outputs, 10 MB saved:
+    a data-parallel all-reduce of 400 MB over 1 Gbit/s takes seconds, a pipeline sends
+    kilobytes."""
+    return ModelProfile.from_columns([1e-3] * 4, [2e-3] * 4, [1e3] * 4, [100 * MB] * 4,
+                                     saved_bytes=[10 * MB] * 4, batch_size=8)
+
+
+def heavy_activations():
+    """4 layers of 1 + 2 ms at batch 8, 1 kB of weights, 1 GB outputs: any cut sends 2 GB
+    per micro-batch, data parallelism all-reduces 4 kB."""
+    return ModelProfile.from_columns([1e-3] * 4, [2e-3] * 4, [1e9] * 4, [1e3] * 4,
+                                     batch_size=8)
+
+
+def by_family(choice):
+    return {c.family: c for c in (*choice.ranked, *choice.excluded)}
+
+
+# ----------------------------------------------------------------- ranking
+def test_pipeline_wins_when_weights_are_heavy_and_matches_the_simulator():
+    prof = heavy_weights()
+    choice = choose(prof, "4x[1Gbit]", batch_size=8)
+    assert choice.best.family == "pipedream"
+    best = choice.best
+    again = simulate(best.plan, prof, "4x[1Gbit]")
+    assert best.samples_per_s == pytest.approx(again.samples_per_s)
+    assert best.memory_bytes == pytest.approx(again.max_memory_bytes)
+    assert [s.replicas for s in best.plan.stages] == [1, 1, 1, 1]
+    rates = [c.samples_per_s for c in choice.ranked]
+    assert rates == sorted(rates, reverse=True)
+    assert "pipedream wins" in choice.explanation and "data-parallel" in choice.explanation
+
+
+def test_data_parallel_wins_when_activations_are_heavy_and_matches_the_timing_model():
+    prof = heavy_activations()
+    topo = HierarchicalTopology.parse("4x[1Gbit]")
+    choice = choose(prof, topo, batch_size=8)
+    assert choice.best.family == "data-parallel"
+    ranked = choose_data_parallel(data_parallel_profile(prof, 8),
+                                  data_parallel_network(topo), 4)
+    assert choice.best.samples_per_s == pytest.approx(4 * 8 / ranked[0].predicted_s)
+    assert choice.best.prediction.config == ranked[0].config
+    pipe = by_family(choice)["pipedream"]
+    assert pipe.samples_per_s == pytest.approx(
+        simulate(pipe.plan, prof, topo).samples_per_s)
+    assert choice.best_pipeline is pipe
+    assert "data-parallel wins" in choice.explanation and "Runner-up: pipedream" in \
+        choice.explanation
+
+
+def test_data_parallel_profile_sums_the_layers():
+    prof = heavy_weights()
+    dp = data_parallel_profile(prof, 16)  # twice the profiled batch
+    assert dp.forward_s == pytest.approx(8e-3) and dp.backward_s == pytest.approx(16e-3)
+    assert dp.gradient_bytes == 400 * MB and dp.update_s == 0.0
+    # the last layer's gradient is ready after a quarter of the backward, the first's at
+    # the end
+    assert [f for _, f in dp.gradient_ready] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert data_parallel_memory(prof, 16) == pytest.approx(400 * MB + 4 * 20 * MB)
+
+
+def test_dp_network_overrides_the_topology():
+    prof = heavy_weights()
+    fast = describe_cluster("400Gbit", "1us", cores=2, ranks_per_host=1)
+    choice = choose(prof, "4x[1Gbit]", batch_size=8, dp_network=fast)
+    dp = by_family(choice)["data-parallel"]
+    best = choose_data_parallel(data_parallel_profile(prof, 8), fast, 4)[0]
+    assert dp.samples_per_s == pytest.approx(32 / best.predicted_s)
+
+
+def test_a_tie_goes_to_data_parallelism():
+    # one worker: data parallelism and a one-stage pipeline both run F + B per batch
+    prof = heavy_weights()
+    choice = choose(prof, "1x[1Gbit]", batch_size=8)
+    assert [c.family for c in choice.ranked] == ["data-parallel", "pipedream"]
+    assert choice.ranked[0].samples_per_s == pytest.approx(8 / 12e-3)
+    assert choice.ranked[1].samples_per_s == pytest.approx(8 / 12e-3)
+    assert "ties" in choice.explanation
+
+
+def test_micro_batches_scale_the_pipeline_and_accumulate_steps():
+    prof = heavy_weights()
+    choice = choose(prof, "4x[1Gbit]", batch_size=32, micro_batch=16)
+    plan = by_family(choice)["pipedream"].plan
+    assert plan.micro_batch == 16 and plan.micro_batches_per_step == 2
+    assert at_batch(prof, 16).layers[0].forward_s == pytest.approx(2e-3)
+    assert at_batch(prof, 16).layers[0].param_bytes == 100 * MB
+
+
+def test_hierarchy_plans_madpipe_on_one_level():
+    prof = heavy_weights()
+    choice = choose(prof, "2x[10GB/s], 2x[1Gbit]", "1GB", batch_size=8)
+    mad = by_family(choice)["madpipe"]
+    assert mad.fits and mad.plan.world_size <= 4
+    assert mad.samples_per_s == pytest.approx(
+        simulate(mad.plan, prof, "2x[10GB/s], 2x[1Gbit]").samples_per_s)
+
+
+# ----------------------------------------------------------------- memory
+def test_madpipe_needs_a_budget():
+    choice = choose(heavy_weights(), "4x[1Gbit]", batch_size=8)
+    mad = by_family(choice)["madpipe"]
+    assert not mad.fits and "memory budget" in mad.reason
+    assert mad in choice.excluded
+
+
+def test_budget_lowers_the_depth_and_excludes_what_does_not_fit():
+    # At depth d stage 0 keeps d micro-batches (10 MB each) and, from d = 2 on, one
+    # stashed copy of its 100 MB weights per micro-batch beside the live ones:
+    # d = 1: 110 MB, d = 2: 320 MB, d = 3: 430 MB, d = 4 (NOAM): 540 MB.
+    # Data parallelism needs 400 + 4 x 10 = 440 MB.
+    prof = heavy_weights()
+    choice = choose(prof, "4x[1Gbit]", 330 * MB, batch_size=8)
+    fam = by_family(choice)
+    assert fam["pipedream"].plan.in_flight == 2
+    assert fam["pipedream"].memory_bytes == pytest.approx(320 * MB)
+    assert "lowered from 4 to fit" in fam["pipedream"].reason
+    assert not fam["data-parallel"].fits and "over the 330 MB budget" in \
+        fam["data-parallel"].reason
+    assert all(c.memory_bytes <= 330 * MB for c in choice.ranked)
+    assert fam["madpipe"].fits
+
+    choice = choose(prof, "4x[1Gbit]", 300 * MB, batch_size=8)
+    assert by_family(choice)["pipedream"].plan.in_flight == 1
+    assert all(c.memory_bytes <= 300 * MB for c in choice.ranked)
+
+    roomy = choose(prof, "4x[1Gbit]", "1GB", batch_size=8)
+    fam = by_family(roomy)
+    assert fam["pipedream"].plan.in_flight is None  # NOAM
+    assert fam["pipedream"].memory_bytes == pytest.approx(540 * MB)
+    assert fam["data-parallel"].fits
+
+
+def test_no_plan_fits_names_the_smallest_budget():
+    # one layer per worker, one micro-batch in flight: 100 MB + 10 MB
+    prof = heavy_weights()
+    with pytest.raises(ValueError, match=r"smallest budget that fits is 110000000 bytes"):
+        choose(prof, "4x[1Gbit]", 100 * MB, batch_size=8)
+    choice = choose(prof, "4x[1Gbit]", 110 * MB, batch_size=8)
+    assert choice.best.memory_bytes == pytest.approx(110 * MB)
+
+
+def test_topology_memory_is_the_default_budget():
+    topo = HierarchicalTopology.parse("4x[1Gbit]", memory_per_worker="330MB")
+    choice = choose(heavy_weights(), topo, batch_size=8)
+    assert choice.memory_per_worker == 330 * MB
+    assert by_family(choice)["pipedream"].plan.in_flight == 2
+
+
+# ----------------------------------------------------------------- errors and output
+def test_bad_batch_sizes():
+    prof = heavy_weights()
+    with pytest.raises(ValueError, match="batch_size must be"):
+        choose(prof, "4x[1Gbit]", batch_size=0)
+    with pytest.raises(ValueError, match="positive divisor"):
+        choose(prof, "4x[1Gbit]", batch_size=8, micro_batch=3)
+
+
+def test_choice_to_dict_is_json():
+    import json
+
+    choice = choose(heavy_weights(), "4x[1Gbit]", batch_size=8)
+    data = json.loads(json.dumps(choice.to_dict(), allow_nan=False))
+    assert data["choice"] == "pipedream"
+    assert data["ranked"][0]["plan"]["stages"][0]["layers"] == [0, 1]
+    assert data["excluded"][0]["family"] == "madpipe"

@@ -1,0 +1,261 @@
+"""The pipeline simulator against hand-worked timelines: PipeDream Figs. 4 and 8, GPipe's
+bubble, balanced pipelines, MadPipe's 1F1B* counts, links, all-reduce and memory."""
+
+import math
+
+import pytest
+
+from pipesgd.pipeline.plan import Plan, StagePlan
+from pipesgd.planner import ModelProfile, simulate, stored_activations
+
+
+def chain(forward, backward, *, output=None, weights=None, optimizer=None, saved=None,
+          batch=4):
+    """A profile of one layer per stage (times in seconds, for `batch` samples)."""
+    n = len(forward)
+    return ModelProfile.from_columns(forward, backward, output or [0.0] * n,
+                                     weights or [0.0] * n, optimizer, saved, batch_size=batch)
+
+
+def starts(sim, rank, until):
+    """'F0@0'-style cells of one rank's compute actions starting before `until`."""
+    return [f"{iv.action[1:]}@{iv.start:g}" for iv in sim.timeline
+            if iv.rank == rank and iv.start < until]
+
+
+# ----------------------------------------------------------------- PipeDream Fig. 4
+# 4 workers, one stage each, backward twice the forward (F = 1, B = 2), NOAM 4. Worked
+# by hand: stage 0 admits 0..3 at t = 0..3; micro-batch 0 reaches stage 3 at 3, whose
+# backward (4..6) goes back one stage every 2 units, so stage 0 runs B0 at 10..12 and then
+# alternates F4, B1, F5, ... with no gap. Each stage alternates once it has a backward.
+FIG4 = {
+    0: ["F0@0", "F1@1", "F2@2", "F3@3", "B0@10", "F4@12", "B1@13", "F5@15", "B2@16"],
+    1: ["F0@1", "F1@2", "F2@3", "B0@8", "F3@10", "B1@11", "F4@13", "B2@14", "F5@16"],
+    2: ["F0@2", "F1@3", "B0@6", "F2@8", "B1@9", "F3@11", "B2@12", "F4@14", "B3@15"],
+    3: ["F0@3", "B0@4", "F1@6", "B1@7", "F2@9", "B2@10", "F3@12", "B3@13", "F4@15", "B4@16"],
+}
+
+
+def test_pipedream_fig4_startup_matches_the_hand_timeline():
+    sim = simulate(Plan.even(4, 4, micro_batch=4), chain([1.0] * 4, [2.0] * 4))
+    for rank, cells in FIG4.items():
+        assert starts(sim, rank, 17) == cells
+
+
+def test_pipedream_fig4_steady_state_has_no_bubble():
+    plan = Plan.even(4, 4, micro_batch=4)
+    assert plan.noam == 4
+    sim = simulate(plan, chain([1.0] * 4, [2.0] * 4))
+    assert sim.time_per_micro_batch_s == pytest.approx(3.0)
+    assert sim.samples_per_s == pytest.approx(4 / 3.0)
+    assert sim.bubble_fraction == pytest.approx((0.0, 0.0, 0.0, 0.0), abs=1e-9)
+    # stage s keeps NOAM - s micro-batches between forward and backward
+    assert [s.in_flight for s in sim.stages] == [4, 3, 2, 1]
+
+
+def test_fig4_memory_counts_weights_stash_and_activations():
+    # W = 10, optimizer 5, saved 1 per micro-batch on every stage. A stage keeping k >= 2
+    # micro-batches stashes one weight copy per micro-batch (each saw another update),
+    # beside the live weights; the last stage's micro-batches run on the live ones.
+    prof = chain([1.0] * 4, [2.0] * 4, weights=[10.0] * 4, optimizer=[5.0] * 4,
+                 saved=[1.0] * 4)
+    sim = simulate(Plan.even(4, 4, micro_batch=4), prof)
+    assert [s.weight_versions for s in sim.stages] == [5, 4, 3, 1]
+    by_hand = [(1 + c) * 10 + 5 + k * 1 for c, k in ((4, 4), (3, 3), (2, 2), (0, 1))]
+    assert list(sim.peak_memory_bytes) == pytest.approx(by_hand)  # 59, 48, 37, 16
+    assert sim.max_memory_bytes == pytest.approx(59)
+
+
+# ----------------------------------------------------------------- PipeDream Fig. 8
+# Stage 0 (F = B = 2) on two replicas, even micro-batches on the first, odd on the second;
+# stage 1 (F = B = 1) on one worker. NOAM = ceil(3 / 2) = 2.
+FIG8_PLAN = Plan((StagePlan(0, 1, 2), StagePlan(1, 2, 1)), schedule="1f1b-rr", micro_batch=4)
+FIG8_PROFILE = chain([2.0, 1.0], [2.0, 1.0])
+
+# With the replicas' all-reduce one round behind (staleness 2), no replica waits for the
+# other: by hand, worker 3 gets 0 and 1 at t = 2, runs F0 B0 F1 ... and every stage is
+# busy from t = 5 on: one micro-batch every 2 units, as the figure shows.
+FIG8 = {
+    0: ["F0@0", "F2@2", "B0@5", "F4@7", "B2@9", "F6@11", "B4@13"],
+    1: ["F1@0", "F3@2", "B1@7", "F5@9", "B3@11", "F7@13"],
+    2: ["F0@2", "F1@3", "B0@4", "F2@5", "B1@6", "F3@7", "B2@8", "F4@9", "B3@10", "F5@11",
+        "B4@12", "F6@13"],
+}
+
+
+def test_pipedream_fig8_round_robin_replicas():
+    assert FIG8_PLAN.noam == 2
+    sim = simulate(FIG8_PLAN, FIG8_PROFILE, staleness=2)
+    for rank, cells in FIG8.items():
+        assert starts(sim, rank, 14) == cells
+    assert sim.time_per_micro_batch_s == pytest.approx(2.0)
+    assert sim.bubble_fraction == pytest.approx((0.0, 0.0), abs=1e-9)
+    assert [s.in_flight for s in sim.stages] == [2, 2]
+
+
+def test_fig8_with_a_synchronous_allreduce_the_replicas_wait_for_each_other():
+    # Staleness 1 (the runtime's default): a replica's update waits for the other
+    # replica's backward of the same round. The second replica's backward comes one
+    # stage-1 forward + backward (2 units) after the first's, so a round of two
+    # micro-batches takes stage 0's F + B (4) + 2 = 6 units: 3 per micro-batch.
+    sim = simulate(FIG8_PLAN, FIG8_PROFILE, staleness=1)
+    assert starts(sim, 0, 12) == ["F0@0", "F2@2", "B0@5", "F4@9", "B2@11"]
+    assert starts(sim, 1, 12) == ["F1@0", "F3@2", "B1@7", "F5@9"]
+    assert sim.time_per_micro_batch_s == pytest.approx(3.0)
+    assert sim.bubble_fraction == pytest.approx((1 / 3, 1 / 3))
+
+
+# ----------------------------------------------------------------- GPipe
+@pytest.mark.parametrize("stages,micro", [(4, 8), (2, 4), (3, 1), (5, 16)])
+def test_gpipe_bubble_fraction(stages, micro):
+    # All forwards then all backwards, a flush per step: every stage computes M(F + B)
+    # of a step lasting (M + S - 1)(F + B), so it idles (S - 1) / (M + S - 1).
+    plan = Plan.even(stages, stages, schedule="gpipe", micro_batch=4,
+                     micro_batches_per_step=micro)
+    sim = simulate(plan, chain([1.0] * stages, [2.0] * stages))
+    expected = (stages - 1) / (micro + stages - 1)
+    assert sim.bubble_fraction == pytest.approx((expected,) * stages)
+    assert sim.time_per_micro_batch_s == pytest.approx(3.0 * (micro + stages - 1) / micro)
+    assert all(s.weight_versions == 1 for s in sim.stages)  # no stash under gpipe
+
+
+# ----------------------------------------------------------------- balanced pipelines
+@pytest.mark.parametrize("stages", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("fwd,bwd", [(1.0, 2.0), (0.004, 0.004), (0.25, 1.5)])
+def test_balanced_pipeline_runs_at_one_micro_batch_per_stage_time(stages, fwd, bwd):
+    plan = Plan.even(stages, stages, micro_batch=16)
+    sim = simulate(plan, chain([fwd] * stages, [bwd] * stages, batch=16))
+    assert sim.samples_per_s == pytest.approx(16 / (fwd + bwd))
+    assert max(sim.bubble_fraction) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_balanced_with_replicas_and_free_links():
+    # stage loads 4, 2, 6 on 2, 1, 3 replicas: 2 units per micro-batch everywhere
+    plan = Plan((StagePlan(0, 1, 2), StagePlan(1, 2, 1), StagePlan(2, 3, 3)),
+                schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, chain([1.0, 0.5, 2.0], [3.0, 1.5, 4.0]), "6x[10Gbit]", staleness=2)
+    assert sim.time_per_micro_batch_s == pytest.approx(2.0)
+
+
+def test_times_scale_with_the_micro_batch():
+    prof = chain([1.0, 1.0], [2.0, 2.0], batch=8)
+    sim = simulate(Plan.even(2, 2, micro_batch=16), prof)
+    assert sim.stages[0].forward_s == 2.0 and sim.stages[0].backward_s == 4.0
+    assert sim.time_per_micro_batch_s == pytest.approx(6.0)
+
+
+# ----------------------------------------------------------------- MadPipe (1F1B*)
+def test_runtime_depth_two_keeps_the_1f1b_star_counts_at_its_period():
+    # Loads U = (2, 2, 2) (F = B = 1). By hand with 2 in flight (warm-up 2, 1, 1):
+    # stage 0 runs B0 at 5, B1 at 9, B2 at 13: a period of 4 = U(s1) + U(s2), the two
+    # last stages forming one 1F1B* group, keeping (2, 1, 1) micro-batches, which is
+    # MadPipe's Proposition 1 minimum at T = 4 (MadPipe's docstring example).
+    sim = simulate(Plan.even(3, 3, micro_batch=4, in_flight=2), chain([1.0] * 3, [1.0] * 3))
+    assert starts(sim, 0, 14) == ["F0@0", "F1@1", "B0@5", "F2@6", "B1@9", "F3@10", "B2@13"]
+    assert sim.time_per_micro_batch_s == pytest.approx(4.0)
+    counts = [s.in_flight for s in sim.stages]
+    assert counts == [2, 1, 1] == stored_activations([2, 2, 2], 4.0)
+    # the full depth (NOAM 3) reaches the period of one stage, keeping (3, 2, 1)
+    sim = simulate(Plan.even(3, 3, micro_batch=4), chain([1.0] * 3, [1.0] * 3))
+    assert sim.time_per_micro_batch_s == pytest.approx(2.0)
+    assert [s.in_flight for s in sim.stages] == [3, 2, 1] == stored_activations([2] * 3, 2.0)
+
+
+@pytest.mark.parametrize("fwd,bwd,depth", [
+    ([1, 2, 1, 3], [2, 3, 1, 4], None),
+    ([1, 2, 1, 3], [2, 3, 1, 4], 2),
+    ([3, 1, 1], [3, 1, 2], None),
+    ([1, 1, 1, 1, 1], [1, 4, 1, 1, 2], 3),
+])
+def test_proposition1_bounds_what_the_runtime_keeps(fwd, bwd, depth):
+    # No periodic schedule keeps fewer micro-batches than 1F1B* at its period (MadPipe,
+    # Proposition 1), so neither does the runtime's 1F1B in its steady state.
+    n = len(fwd)
+    sim = simulate(Plan.even(n, n, micro_batch=4, in_flight=depth),
+                   chain([float(x) for x in fwd], [float(x) for x in bwd]))
+    loads = [f + b for f, b in zip(fwd, bwd, strict=True)]
+    floor = stored_activations(loads, sim.time_per_micro_batch_s)
+    assert all(s.in_flight >= g for s, g in zip(sim.stages, floor, strict=True))
+
+
+# ----------------------------------------------------------------- communication
+def test_links_one_micro_batch_in_flight_adds_both_transfers():
+    # 1 GB/s link, 0.1 s latency, a_0 = 0.5 GB: with one micro-batch in flight nothing
+    # overlaps: F0 1, activation 0.6, F1 + B1 3, gradient 0.6, B0 2: 7.2 s per micro-batch.
+    prof = chain([1.0, 1.0], [2.0, 2.0], output=[0.5e9, 0.0])
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, "2x[1GB/s, 100ms]")
+    assert sim.time_per_micro_batch_s == pytest.approx(7.2)
+    assert sim.link_busy[0] == pytest.approx(1.0 / 7.2)
+    assert sim.bottleneck.startswith("pipeline depth")
+
+
+def test_links_both_directions_share_the_link():
+    # 2 x 0.5 GB cross the link per micro-batch at 0.25 GB/s: 4 s, against 0.03 s of
+    # compute per stage. By hand (compute ~0): SF0 0..2, SF1 2..4, SB0 4..6, SB1 6..8,
+    # SF2 8..10, ...: the link never rests and carries a micro-batch every 4 s.
+    prof = chain([0.01, 0.01], [0.02, 0.02], output=[0.5e9, 0.0])
+    sim = simulate(Plan.even(2, 2, micro_batch=4), prof, "2x[0.25GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx(4.0)
+    assert sim.link_busy[0] == pytest.approx(1.0)
+    assert sim.bottleneck == "link 0-1"
+
+
+def test_placement_picks_the_level_of_each_link():
+    # two nodes of two workers: 10 GB/s inside a node, 1 GB/s between nodes
+    prof = chain([1.0, 1.0], [1.0, 1.0], output=[1e9, 0.0])
+    plan = Plan.even(2, 2, micro_batch=4, in_flight=1)
+    topo = "2x[10GB/s], 2x[1GB/s]"
+    inside = simulate(plan, prof, topo, placement=[[0], [1]])
+    across = simulate(plan, prof, topo, placement=[[0], [2]])
+    assert inside.time_per_micro_batch_s == pytest.approx(4.0 + 2 * 0.1)
+    assert across.time_per_micro_batch_s == pytest.approx(4.0 + 2 * 1.0)
+    with_extra = simulate(plan.replace(extra={"placement": [[1], [3]]}), prof, topo)
+    assert with_extra.time_per_micro_batch_s == pytest.approx(across.time_per_micro_batch_s)
+
+
+def test_replicated_stage_allreduce_is_a_ring():
+    # One stage on 4 replicas (data parallelism on the pipeline runtime): every round of
+    # 4 micro-batches computes F + B = 3, then all-reduces W = 1 GB over 1 GB/s in a ring,
+    # 2 (4 - 1) / 4 x 1 s = 1.5 s, and 6 latencies of 10 ms: 4.56 s per 4 micro-batches.
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "4x[1GB/s, 10ms]")
+    assert sim.stages[0].allreduce_s == pytest.approx(1.56)
+    assert sim.time_per_micro_batch_s == pytest.approx(4.56 / 4)
+    assert sim.bubble_fraction[0] == pytest.approx(1.56 / 4.56)
+    assert sim.allreduce_busy[0] == pytest.approx(1.56 / 4.56)
+
+
+def test_accumulated_steps_allreduce_once_per_step():
+    # 2 micro-batches per step: a round every 2 micro-batches of each replica
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4,
+                micro_batches_per_step=2)
+    sim = simulate(plan, prof, "4x[1GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx((6.0 + 1.5) / 8)
+
+
+# ----------------------------------------------------------------- errors
+def test_errors_say_what_is_wrong():
+    prof = chain([1.0] * 3, [1.0] * 3)
+    with pytest.raises(ValueError, match="3 layers but the model has 4"):
+        simulate(Plan.even(4, 2), prof)
+    with pytest.raises(ValueError, match="needs 3 workers but the topology"):
+        simulate(Plan.even(3, 3), prof, "2x[1Gbit]")
+    with pytest.raises(ValueError, match="simulate at least"):
+        simulate(Plan.even(3, 3), prof, num_micro_batches=4)
+    with pytest.raises(ValueError, match="distinct workers"):
+        simulate(Plan.even(3, 3), prof, "4x[1Gbit]", placement=[[0], [0], [1]])
+    with pytest.raises(ValueError, match="workers per stage"):
+        simulate(Plan.even(3, 3), prof, "4x[1Gbit]", placement=[[0], [1]])
+    with pytest.raises(ValueError, match="staleness"):
+        simulate(Plan.even(3, 3), prof, staleness=0)
+
+
+def test_result_describes_itself():
+    sim = simulate(Plan.even(4, 4, micro_batch=4), chain([1.0] * 4, [2.0] * 4))
+    text = sim.describe()
+    assert "stage 3: layers [3, 4)" in text and "samples/s" in text
+    data = sim.to_dict()
+    assert data["samples_per_s"] == pytest.approx(4 / 3) and len(data["stages"]) == 4
+    assert math.isfinite(sim.makespan_s) and sim.window_s[1] > sim.window_s[0]
