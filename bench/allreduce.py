@@ -8,6 +8,7 @@ Run under mpirun (prints a table, writes bench/results/allreduce_p{P}[_netem].js
 Or over emulated per-rank links (root; see bench/netem.py), with compression:
 
     python bench/allreduce.py --netem 1gbit --np 4 --sizes 1MiB,8MiB,64MiB
+    python bench/allreduce.py --netem 1gbit --np 4 --nodes 2 --sizes 64MiB   # 2 nodes x 2
 
 Or as N separate launches (a new `mpirun` each; bench/launches.py says why), which
 reports every launch's median against MPI's in the same launch:
@@ -68,17 +69,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="run N separate mpirun jobs and judge the spread between them")
     ap.add_argument("--record", metavar="PATH", help=argparse.SUPPRESS)  # one launch's records
     ap.add_argument("--latency", default="0ms", help="added one-way latency, with --netem")
+    ap.add_argument("--nodes", type=int,
+                    help="with --netem: spread the ranks over this many nodes (netem.py --nodes)")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
     return ap.parse_args(argv)
 
 
 def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
     """Re-run this script as the rank program of bench/netem.py."""
-    rank_argv = strip_options(argv, ("--netem", "--np", "--latency"))
+    rank_argv = strip_options(argv, ("--netem", "--np", "--latency", "--nodes"))
     if args.compression is None:
         rank_argv += ["--compression", "none,trunc16,quant8"]
     if not args.tag:
-        rank_argv += ["--tag", f"netem_{args.netem}"]
+        nodes = f"_nodes{args.nodes}" if args.nodes else ""
+        rank_argv += ["--tag", f"netem_{args.netem}{nodes}"]
     netem = Path(__file__).resolve().parent / "netem.py"
     cmd = [
         sys.executable,
@@ -89,6 +93,7 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
         args.netem,
         "--latency",
         args.latency,
+        *(["--nodes", str(args.nodes)] if args.nodes else []),
         "--",
         sys.executable,
         str(Path(__file__).resolve()),
@@ -298,7 +303,7 @@ def run(args: argparse.Namespace) -> None:
     elif rank == 0:
         where = f"emulated {rate / 1e9:g} Gbit/s links" if rate else "this machine"
         print_table(rows, f"AllReduce, p = {p}, float32, {where}")
-        verdicts = check_targets(records, p, rate)
+        verdicts = check_targets(records, p, rate, ranks_per_node())
         for line in verdicts:
             print(line)
         tag = f"_{args.tag}" if args.tag else ""
@@ -321,7 +326,15 @@ def run(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def check_targets(records: list[dict], p: int, rate: float | None) -> list[str]:
+def ranks_per_node() -> int:
+    """Ranks per emulated node (bench/netem.py --nodes), 1 elsewhere."""
+    import os
+
+    return int(os.environ.get("PIPESGD_NETEM_RANKS_PER_NODE", "1"))
+
+
+def check_targets(records: list[dict], p: int, rate: float | None,
+                  rpn: int = 1) -> list[str]:
     """The benchmark's targets, checked on this run's figures."""
     by = {(r["impl"], r["bytes"]): r for r in records}
     sizes = sorted({r["bytes"] for r in records})
@@ -345,6 +358,15 @@ def check_targets(records: list[dict], p: int, rate: float | None) -> list[str]:
                 f"{format_size(nbytes)}: link bound / pipesgd time = {ratio:.2f} "
                 f"(target >= 0.9) {'PASS' if ratio >= 0.9 else 'FAIL'}"
             )
+            if rpn > 1 and p > rpn:
+                # the flat ring sends 2(p-1)/p n over each node's link, a two-level one
+                # (reduce in nodes, ring between, broadcast in) 2(N-1)/N n
+                nodes = p // rpn
+                gain = (2 * (p - 1) / p) / (2 * (nodes - 1) / nodes)
+                out.append(f"{format_size(nbytes)}: {nodes} nodes x {rpn} ranks: a two-level "
+                           f"allreduce would move {1 / gain:.2f}x the bytes over each node's "
+                           f"link, so at best {gain:.2f}x faster (modelled, "
+                           "pipesgd.timing.topology)")
             for c, limit in (("trunc16", 0.55), ("quant8", 0.30)):
                 other = by.get((f"pipesgd+{c}", nbytes))
                 if other:

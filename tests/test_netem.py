@@ -182,6 +182,46 @@ def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     )
 
 
+def test_nodes_divide_the_ranks() -> None:
+    net = netem.EmulatedNetwork(4, RATE_BPS, nodes=2)
+    assert [net.node_of(rank) for rank in range(4)] == [0, 0, 1, 1]
+    assert len(net.namespaces()) == 3  # two nodes and the switch
+    for nodes in (0, 3, 5):
+        with pytest.raises(ValueError, match="nodes"):
+            netem.EmulatedNetwork(4, RATE_BPS, nodes=nodes)
+
+
+@needs_netns
+def test_ranks_of_a_node_share_its_one_link() -> None:
+    """2 nodes x 2 ranks, every rank sending NBYTES to rank + 1: only the two edges that
+    leave a node cross a link, so each node's link carries NBYTES each way, not 2x."""
+    with netem.emulated_network(np=4, rate=RATE, nodes=2) as net:
+        run, seconds = _probe(net, "ring")
+    assert len(run.links) == 2
+    for link in run.links:
+        _assert_bytes(link.tx_bytes, NBYTES, f"node {link.node} sent", run)
+        _assert_bytes(link.rx_bytes, NBYTES, f"node {link.node} received", run)
+    bound = NBYTES * 8 / RATE_BPS
+    assert 0.9 * bound <= seconds < 2 * bound, f"ring took {seconds:.3f} s for {bound:.3f} s"
+
+
+@needs_netns
+def test_measure_finds_the_network_and_the_node_link(tmp_path: Path) -> None:
+    """Across nodes, α and β are the network's (the ring's slowest edges) and the node
+    link is measured beside them, much faster."""
+    out = tmp_path / "net.json"
+    with netem.emulated_network(np=4, rate="1gbit", nodes=2) as net:
+        run = net.run([sys.executable, "-m", "pipesgd.cli", "timing", "measure", "--repeats",
+                       "5", "--json", str(out)],
+                      capture_output=True, timeout=240, env=mpi_env(), cwd=ROOT)
+    assert run.returncode == 0, run.output
+    measured = json.loads(out.read_text())
+    assert measured["ranks_per_node"] == 2
+    rate = 8 / measured["beta_s_per_byte"]
+    assert 0.75e9 <= rate <= 1.05e9, f"network measured at {rate / 1e9:.2f} Gbit/s"
+    assert measured["node_beta_s_per_byte"] < measured["beta_s_per_byte"] / 3
+
+
 @needs_netns
 def test_failing_command_leaves_nothing() -> None:
     with netem.emulated_network(np=2, rate=RATE) as net:

@@ -48,3 +48,20 @@ def test_bad_topologies_are_rejected() -> None:
         Topology(nodes=2, ranks_per_node=1.5, node=SHM, network=NET)
     with pytest.raises(ValueError, match="beta"):
         Link(alpha_s=0.0, beta_s_per_byte=0.0)
+
+
+def test_a_measured_network_over_nodes_gives_its_topology() -> None:
+    from pipesgd.timing import NetworkParams
+
+    net = NetworkParams(alpha_s=NET.alpha_s, beta_s_per_byte=NET.beta_s_per_byte,
+                        gamma_s_per_byte=0.0, sync_s=0.0, node_alpha_s=SHM.alpha_s,
+                        node_beta_s_per_byte=SHM.beta_s_per_byte, ranks_per_node=2)
+    assert net.topology(4) == Topology(nodes=2, ranks_per_node=2, node=SHM, network=NET)
+    assert net.topology(3) is None  # not a whole number of nodes
+    assert NetworkParams.from_dict(net.to_dict()).topology(4) == net.topology(4)
+    one_node = NetworkParams(alpha_s=1e-6, beta_s_per_byte=1e-10, gamma_s_per_byte=0.0,
+                             sync_s=0.0)
+    assert one_node.topology(4) is None
+    with pytest.raises(ValueError, match="node_alpha_s"):
+        NetworkParams(alpha_s=1e-6, beta_s_per_byte=1e-10, gamma_s_per_byte=0.0, sync_s=0.0,
+                      node_beta_s_per_byte=1e-10)
