@@ -634,10 +634,10 @@ def measure_network(
       drops out. Not one large `Sendrecv`: over TCP, Open MPI's rendezvous for a message
       above its eager limit ran at half the link's rate in some repetitions and at full
       rate in others (16 MiB on 1 Gbit/s links: 147 or 291 ms), which the engine avoids.
-    * burst: transfers of doubling size from rank 0 to 1, each after an idle spell long
-      enough to refill a bucket that large, until the saving stops growing; the token
-      bucket that explains their times (`_measure_burst`, `fit_token_bucket`); 0 unless
-      it clearly saves time.
+    * burst: transfers of doubling size from rank 0 to α's peer, each after an idle
+      spell long enough to refill a bucket that large, until the saving stops growing;
+      the token bucket that explains their times (`_measure_burst`, `fit_token_bucket`);
+      0 unless it clearly saves time.
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
