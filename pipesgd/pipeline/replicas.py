@@ -1,4 +1,9 @@
-"""Gradient synchronization of a replicated stage through the engine's ring all-reduce.
+"""Replicas of a stage: they start from one state, and average gradients through the
+engine's ring all-reduce.
+
+At construction, every replica receives the parameters and buffers of the stage's first
+replica (`broadcast_from_first_replica`), so a model built differently on each rank (a
+user's function that does not seed, or another seed) cannot make the replicas diverge.
 
 Each replicated stage has its own sub-communicator and `pipesgd.Engine`. Every update
 round, each replica contributes the sum of its micro-batch gradients (a flat buffer,
@@ -14,11 +19,45 @@ from __future__ import annotations
 from collections import deque
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from pipesgd.broadcast import broadcast_parameters
 from pipesgd.delay import DelayedQueue, DelaySchedule
 
 DEFAULT_BUCKET_BYTES = 4 << 20
+
+
+def _layout(state: dict[str, Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(k, tuple(t.shape), str(t.dtype)) for k, t in state.items()]
+
+
+def broadcast_from_first_replica(module: nn.Module, comm) -> None:
+    """Overwrite this replica's parameters and buffers with replica 0's, in place.
+
+    Collective over `comm`, the stage's replica communicator (replica r is its rank r).
+    Tensors on an accelerator travel through a CPU copy. The layouts (names, shapes,
+    dtypes) are compared first, so replicas built from different models all raise
+    instead of some waiting forever in a broadcast.
+
+    Raises:
+        ValueError: the replicas' stages have different tensor names, shapes or dtypes.
+    """
+    state = module.state_dict()
+    layouts = comm.allgather(_layout(state))
+    for replica, layout in enumerate(layouts):
+        if layout != layouts[0]:
+            diff = next((f"{a} vs {b}" for a, b in zip(layouts[0], layout, strict=False)
+                         if a != b), f"{len(layouts[0])} vs {len(layout)} tensors")
+            raise ValueError(
+                f"replica {replica} of this stage built other tensors than replica 0 "
+                f"(first difference: {diff}): every rank must build the same model"
+            )
+    staged = {k: t if t.device.type == "cpu" else t.detach().cpu() for k, t in state.items()}
+    broadcast_parameters(staged, root=0, comm=comm)
+    with torch.no_grad():
+        for k, t in state.items():
+            if staged[k] is not t:
+                t.copy_(staged[k])
 
 
 class LocalGradients:

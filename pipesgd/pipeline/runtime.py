@@ -26,7 +26,7 @@ from .data import MicroBatches
 from .models import LayerModel, from_modules
 from .p2p import StageLink, TensorSpec
 from .plan import Plan, PlanError
-from .replicas import LocalGradients, ReplicaGradientSync
+from .replicas import LocalGradients, ReplicaGradientSync, broadcast_from_first_replica
 from .schedule import Action
 from .stage import Stage
 from .stash import WeightPolicy, make_policy
@@ -86,7 +86,9 @@ class Pipeline:
             "vertical", or a `WeightPolicy` subclass.
         vertical_sync: shorthand for weight_policy="vertical".
         compression, staleness: gradient all-reduce of replicated stages (engine).
-        seed: layer initialization and per-micro-batch RNG (dropout) seed.
+        seed: layer initialization and per-micro-batch RNG (dropout) seed. The replicas of
+            a replicated stage start from its first replica's parameters and buffers
+            (broadcast at construction), however each rank built them.
         input_shape: one sample's shape when `model` is a plain list of layers.
 
     Raises:
@@ -135,6 +137,12 @@ class Pipeline:
             )
         self.weight_policy = weight_policy
         module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
+        # Collective over comm: every rank splits, each stage gets its replicas' group.
+        self.stage_comm = self.comm.Split(self.stage_id, self.replica)
+        if self.stage_plan.replicas > 1:
+            # Before the stage exists: its weight policy and optimizer see only replica 0's
+            # weights, whatever each rank's model built.
+            broadcast_from_first_replica(module, self.stage_comm)
         if optimizer is None:
             def optimizer(params: list[nn.Parameter]) -> torch.optim.Optimizer:
                 return torch.optim.SGD(params, lr=lr, momentum=momentum,
@@ -147,8 +155,6 @@ class Pipeline:
             lambda params: make_policy(weight_policy, params),
             loss_fn or nn.CrossEntropyLoss(),
         )
-        # Collective over comm: every rank splits, each stage gets its replicas' group.
-        self.stage_comm = self.comm.Split(self.stage_id, self.replica)
         if self.stage_plan.replicas > 1:
             self.sync: LocalGradients | ReplicaGradientSync = ReplicaGradientSync(
                 self.stage_comm, compression=compression, staleness=staleness
