@@ -27,7 +27,7 @@ from .models import LayerModel, from_modules
 from .p2p import StageLink, TensorSpec
 from .plan import Plan, PlanError
 from .replicas import LocalGradients, ReplicaGradientSync, broadcast_from_first_replica
-from .schedule import Action
+from .schedule import Action, no_step_between_forward_and_backward
 from .stage import Stage
 from .stash import WeightPolicy, make_policy
 from .timeline import Timeline
@@ -55,20 +55,6 @@ class EpochStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _no_step_between_forward_and_backward(acts: list[Action]) -> set[int]:
-    """Micro-batches whose forward and backward see no optimizer step in between."""
-    open_since: dict[int, bool] = {}
-    out = set()
-    for a in acts:
-        if a.kind == "F":
-            open_since[a.mb] = True
-        elif a.kind == "U":
-            open_since = dict.fromkeys(open_since, False)
-        elif a.kind == "B" and open_since.pop(a.mb):
-            out.add(a.mb)
-    return out
 
 
 class Pipeline:
@@ -223,7 +209,7 @@ class Pipeline:
         self._grads: dict[int, Tensor] = {}
         self._grad_in: dict[int, Tensor] = {}
         self._last_round = max((a.mb for a in acts if a.kind == "U"), default=-1)
-        self._live_ok = _no_step_between_forward_and_backward(acts)
+        self._live_ok = no_step_between_forward_and_backward(acts)
         self._loss_sum, self._correct, self._seen = 0.0, 0, 0
         if not self.record_timeline:
             self.timeline.clear()

@@ -283,6 +283,21 @@ def _check_structure(plan: Plan, schedule: Schedule) -> None:
             )
 
 
+def no_step_between_forward_and_backward(acts: list[Action]) -> set[int]:
+    """Micro-batches whose forward and backward see no optimizer step in between: the
+    runtime runs them on the live weights, with no stashed copy."""
+    open_since: dict[int, bool] = {}
+    out = set()
+    for a in acts:
+        if a.kind == "F":
+            open_since[a.mb] = True
+        elif a.kind == "U":
+            open_since = dict.fromkeys(open_since, False)
+        elif a.kind == "B" and open_since.pop(a.mb):
+            out.add(a.mb)
+    return out
+
+
 def build(plan: Plan, num_micro_batches: int) -> Schedule:
     """Generate, lower and deadlock-check the schedule of one epoch."""
     sched = lower(plan, generate(plan, num_micro_batches))

@@ -62,7 +62,7 @@ from typing import Any
 
 from pipesgd.pipeline import schedule as sched
 from pipesgd.pipeline.plan import Plan
-from pipesgd.pipeline.schedule import Action
+from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
 
 from .profile import ModelProfile
 from .topology import HierarchicalTopology, as_topology
@@ -282,21 +282,6 @@ class _Network:
         return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
 
 
-def _no_step_between_forward_and_backward(acts: list[Action]) -> set[int]:
-    """Micro-batches whose forward and backward see no optimizer step in between: the
-    runtime runs them on the live weights, with no stashed copy (`runtime.py`)."""
-    open_since: dict[int, bool] = {}
-    out = set()
-    for a in acts:
-        if a.kind == "F":
-            open_since[a.mb] = True
-        elif a.kind == "U":
-            open_since = dict.fromkeys(open_since, False)
-        elif a.kind == "B" and open_since.pop(a.mb):
-            out.add(a.mb)
-    return out
-
-
 class _Memory:
     """One rank's memory as the runtime's weight policy and stage hold it."""
 
@@ -421,7 +406,7 @@ def simulate(
                   for s in range(plan.num_stages)]
     memory = [
         _Memory(costs[stage_of[r]], plan.schedule != "gpipe",
-                _no_step_between_forward_and_backward(acts[r]))
+                no_step_between_forward_and_backward(acts[r]))
         for r in range(world)
     ]
 
