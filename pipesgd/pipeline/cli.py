@@ -1,6 +1,7 @@
 """`pipesgd pipeline`: pipeline-parallel training under mpirun.
 
     mpirun -n 2 pipesgd pipeline --model mlp --schedule 1f1b --epochs 3 --timeline out/
+    mpirun -n 4 pipesgd pipeline --model cnn --plan auto --bandwidth 1Gbit --json run.json
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 
 from pipesgd.model_names import HELP, layer_model, parse_shape
 
+from .auto_plan import AUTO, plan_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Pipeline-parallel training (1F1B / 1F1B-RR / GPipe) under mpirun."
@@ -20,7 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one sample's shape for a MODULE:FUNCTION model (e.g. 3,32,32)")
     parser.add_argument("--classes", type=int, default=10,
                         help="output classes of a MODULE:FUNCTION model (default 10)")
-    parser.add_argument("--plan", type=Path, help="plan JSON (default: even split, 1 replica)")
+    parser.add_argument("--plan", type=plan_argument,
+                        help="plan JSON, or `auto`: rank 0 profiles the model, chooses the "
+                        "best pipeline for this job's ranks and network and every rank runs "
+                        "it (default: even split, 1 replica)")
+    parser.add_argument("--topology", help="with --plan auto: the cluster, levels innermost "
+                        "first, as `pipesgd plan --topology` (default: measure the network)")
+    parser.add_argument("--bandwidth", help="with --plan auto: link rate between any two "
+                        "ranks, e.g. 1Gbit (default: measure the network)")
+    parser.add_argument("--latency", default="20us",
+                        help="with --plan auto --bandwidth: one-way latency (default 20us)")
+    parser.add_argument("--memory", help="with --plan auto: memory per worker, e.g. 512MB "
+                        "(default: no budget)")
     parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe"),
                         help="override the plan's schedule")
     parser.add_argument("--data", choices=("digits", "synthetic"),
@@ -62,10 +76,12 @@ def _model(args, builtin):
         raise SystemExit(f"pipesgd pipeline: {exc}") from exc
 
 
-def _plan(args, num_layers: int, world: int):
+def _plan(args, num_layers: int, world: int, chosen=None):
     from .plan import Plan
 
-    if args.plan is not None:
+    if chosen is not None:
+        plan = chosen
+    elif args.plan is not None:
         plan = Plan.load(args.plan)
     else:
         plan = Plan.even(num_layers, world, micro_batch=args.micro_batch or 8)
@@ -90,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from mpi4py import MPI
 
-    from . import checkpoint, data, models
+    from . import auto_plan, checkpoint, data, models
     from . import schedule as sched
     from . import timeline as tl
     from .runtime import Pipeline
@@ -99,8 +115,21 @@ def run(args: argparse.Namespace) -> int:
     rank = comm.Get_rank()
     torch.set_num_threads(1)
     model = _model(args, models.MODELS)
+    auto = None
+    if args.plan == AUTO:
+        try:
+            auto = auto_plan.decide(args, model, comm)
+        except auto_plan.AutoPlanError as err:
+            print(f"pipesgd pipeline: rank {rank}: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        print(f"rank {rank}: {auto.planner} plan: {auto_plan.describe_plan(auto.plan)}",
+              flush=True)
+        comm = auto_plan.plan_comm(comm, auto.plan)
+        if comm is None:
+            print(f"rank {rank}: idle, the plan uses {auto.plan.world_size} ranks", flush=True)
+            return 0
     try:
-        plan = _plan(args, model.num_layers, comm.Get_size())
+        plan = _plan(args, model.num_layers, comm.Get_size(), auto and auto.plan)
         if args.print_schedule:
             if rank == 0:
                 n = 2 * plan.world_size
@@ -155,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
                            title=f"{args.model} {plan.schedule} {plan.num_stages} stages")
             if out is not None:
                 print(f"timeline: {out / 'timeline.json'} {out / 'timeline.png'}")
+        if auto is not None and rank == 0 and history:
+            print(auto.summary(history[-1]["throughput_samples_per_s"]), flush=True)
         if args.json and rank == 0 and history:
             last = history[-1]
             report = {
@@ -171,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
                 "accuracy": last["accuracy"],
                 "epochs": history,
             }
+            if auto is not None:
+                report["auto_plan"] = auto.to_dict(last["throughput_samples_per_s"])
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         pipe.close()

@@ -121,14 +121,19 @@ def _layer_model(args: argparse.Namespace) -> Any:
 
 def measure(args: argparse.Namespace) -> Any:
     """Profile --model layer by layer on one micro-batch of random samples."""
+    return profile_layer_model(_layer_model(args), args.model,
+                               args.micro_batch or args.batch_size, args.threads)
+
+
+def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> Any:
+    """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
+    torch threads; the profile's `extra` names the model and its shape."""
     import torch
 
     from .profile import ModelProfile, profile
 
-    spec = _layer_model(args)
-    batch = args.micro_batch or args.batch_size
     previous = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     try:
         net = spec.build(seed=0).train()
         x = torch.randn(batch, *spec.input_shape, generator=torch.Generator().manual_seed(0))
@@ -136,7 +141,7 @@ def measure(args: argparse.Namespace) -> Any:
     finally:
         torch.set_num_threads(previous)
     return ModelProfile(prof.layers, batch_size=prof.batch_size, source=prof.source,
-                        extra={"model": args.model, "input_shape": list(spec.input_shape),
+                        extra={"model": model, "input_shape": list(spec.input_shape),
                                "num_classes": spec.num_classes})
 
 
@@ -187,6 +192,21 @@ def format_ranking(choice: Any) -> str:
     lines += [f"{i:>2}. {c.reason}" for i, c in enumerate(choice.ranked, 1)]
     lines += [f" -. {c.reason}" for c in choice.excluded]
     return "\n".join(lines)
+
+
+def describe_choice(prof: Any, topo: Any, choice: Any, model: str) -> str:
+    """The profile, the cluster and the ranking, as `pipesgd plan` prints them."""
+    from .choose import format_bytes
+
+    budget = ("no budget (--memory)" if choice.memory_per_worker is None
+              else format_bytes(choice.memory_per_worker))
+    return "\n".join([
+        describe_profile(prof, model),
+        f"cluster: {topo} ({topo.num_workers} workers), memory per worker: {budget}; "
+        f"batch {choice.batch_size} per worker step, micro-batch {choice.micro_batch}",
+        "",
+        format_ranking(choice),
+    ])
 
 
 def format_stages(candidate: Any) -> str:
@@ -276,17 +296,11 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     topo = topology_of(args)
     prof = _profile(args)
-    from .choose import choose, format_bytes
+    from .choose import choose
 
     choice = choose(prof, topo, args.memory, batch_size=args.batch_size,
                     micro_batch=args.micro_batch, staleness=args.staleness)
-    budget = ("no budget (--memory)" if choice.memory_per_worker is None
-              else format_bytes(choice.memory_per_worker))
-    print(describe_profile(prof, args.model))
-    print(f"cluster: {topo} ({topo.num_workers} workers), memory per worker: {budget}; "
-          f"batch {choice.batch_size} per worker step, micro-batch {choice.micro_batch}")
-    print()
-    print(format_ranking(choice))
+    print(describe_choice(prof, topo, choice, args.model))
     print()
     best, pipeline = choice.best, choice.best_pipeline
     commands = {}

@@ -1,0 +1,229 @@
+"""`pipesgd pipeline --plan auto`: choose the plan inside the job that runs it.
+
+    mpirun -n 4 pipesgd pipeline --model cnn --plan auto --bandwidth 1Gbit --memory 64MB
+
+Rank 0 profiles the model the run builds (its `LayerModel`, at the run's micro-batch, one
+thread), takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or else
+from the job's own network (`measure_network`, all ranks, one level of p workers at its
+β and α), ranks the candidates with `pipesgd.planner.choose` and prints the ranking as
+`pipesgd plan` prints it. The other ranks sleep meanwhile (`idle_barrier`). Rank 0 then
+broadcasts its decision, or its error, so every rank runs the same plan or every rank
+stops with the same message. The run is the best pipeline even where data parallelism
+ranks first (the user asked for a pipeline); a line says so and gives its command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .plan import Plan
+
+AUTO = "auto"
+NETWORK_REPEATS = 5  # measure_network's repeats: a few seconds on the job's own links
+
+
+class AutoPlanError(ValueError):
+    """No plan for this run (rank 0's error, raised on every rank)."""
+
+
+def plan_argument(text: str) -> Path | str:
+    """--plan: a plan JSON file, or the word `auto`."""
+    return AUTO if text == AUTO else Path(text)
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """What rank 0 decided, as every rank receives it.
+
+    Attributes:
+        plan: the best pipeline's plan (`PlanChoice.best_pipeline`), run by every rank.
+        planner: the family that planned it ("pipedream" or "madpipe").
+        predicted_samples_per_s: its simulated throughput.
+        choice: the family ranked first (may be "data-parallel").
+        explanation: the chooser's sentence on the winner against the runner-up.
+        train_command: the `pipesgd train` command where data parallelism ranks first.
+        profile: the per-layer profile (`ModelProfile.to_dict`) the chooser ranked on.
+        topology: the cluster (`HierarchicalTopology.to_dict`).
+        network: where the topology came from (options, or the measurement's source).
+        memory_per_worker: the budget in bytes, or None.
+        batch_size, micro_batch, staleness: as given to `choose`.
+    """
+
+    plan: Plan
+    planner: str
+    predicted_samples_per_s: float
+    choice: str
+    explanation: str
+    train_command: str | None
+    profile: dict[str, Any]
+    topology: dict[str, Any]
+    network: str
+    memory_per_worker: float | None
+    batch_size: int
+    micro_batch: int
+    staleness: int
+
+    def to_dict(self, measured_samples_per_s: float | None = None) -> dict[str, Any]:
+        """The chosen plan, its predicted and the run's measured samples/s side by side,
+        and what `choose` needs to reproduce the choice."""
+        return {
+            "planner": self.planner,
+            "plan": self.plan.to_dict(),
+            "predicted_samples_per_s": self.predicted_samples_per_s,
+            "measured_samples_per_s": measured_samples_per_s,
+            "choice": self.choice,
+            "explanation": self.explanation,
+            "train_command": self.train_command,
+            "memory_per_worker": self.memory_per_worker,
+            "batch_size": self.batch_size,
+            "micro_batch": self.micro_batch,
+            "staleness": self.staleness,
+            "network": self.network,
+            "topology": self.topology,
+            "profile": self.profile,
+        }
+
+    def summary(self, measured_samples_per_s: float) -> str:
+        return (f"auto plan ({self.planner}): predicted {self.predicted_samples_per_s:.0f} "
+                f"samples/s, measured {measured_samples_per_s:.0f} samples/s")
+
+
+def describe_plan(plan: Plan) -> str:
+    """One line that is equal on two ranks exactly when they run the same plan."""
+    stages = " ".join(f"[{s.start}, {s.end})x{s.replicas}" for s in plan.stages)
+    return (f"stages {stages}, {plan.schedule}, micro-batch {plan.micro_batch}, "
+            f"{plan.noam} in flight, {plan.micro_batches_per_step} micro-batch(es) per step")
+
+
+def batch_sizes(args: argparse.Namespace) -> tuple[int, int]:
+    """(batch, micro-batch) of the run, resolved as `pipesgd pipeline` resolves them
+    without a plan: micro-batch 8; one micro-batch per step for 1F1B, 32 samples per
+    flush for GPipe."""
+    micro = args.micro_batch or 8
+    if args.batch_size is not None:
+        return args.batch_size, micro
+    if args.schedule == "gpipe":
+        return micro * max(1, 32 // micro), micro
+    return micro, micro
+
+
+def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
+    """Choose the plan on rank 0 and give it to every rank (collective).
+
+    Args:
+        args: `pipesgd pipeline`'s options (--topology, --bandwidth, --latency, --memory,
+            --batch-size, --micro-batch, --schedule, --staleness, --model, --data).
+        model: the `LayerModel` the run builds.
+        comm: the job's communicator; the plan is for all of its ranks.
+
+    Raises:
+        AutoPlanError: on every rank, with rank 0's message (bad topology or sizes, a
+            model the profiler cannot run, no plan within --memory).
+    """
+    from pipesgd.timing.network import idle_barrier
+
+    topology, network = None, "given"
+    if not (args.topology or args.bandwidth):
+        topology, network = _measured_topology(comm)  # collective: every rank measures
+    outcome: tuple[str, Any] | None = None
+    if comm.Get_rank() == 0:
+        try:
+            outcome = ("plan", _choose(args, model, comm.Get_size(), topology, network))
+        except (ValueError, TypeError, OSError, RuntimeError) as err:
+            outcome = ("error", str(err))
+    idle_barrier(comm)  # the other ranks sleep while rank 0 profiles
+    kind, value = comm.bcast(outcome, root=0)
+    if kind == "error":
+        raise AutoPlanError(value)
+    return value
+
+
+def _measured_topology(comm: Any) -> tuple[Any, str]:
+    """One level of the job's p ranks at the measured β and α."""
+    from pipesgd.planner.topology import HierarchicalTopology, Level
+    from pipesgd.timing.network import measure_network
+
+    net = measure_network(comm, repeats=NETWORK_REPEATS)
+    level = Level(comm.Get_size(), 1.0 / net.beta_s_per_byte, net.alpha_s)
+    return HierarchicalTopology((level,)), (
+        f"{net.source}: beta {net.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gbit/s, "
+        f"alpha {net.alpha_s * 1e6:.3g} us")
+
+
+def _given_topology(args: argparse.Namespace, workers: int) -> Any:
+    from pipesgd.planner.cli import topology_of
+
+    topo = topology_of(argparse.Namespace(topology=args.topology, bandwidth=args.bandwidth,
+                                          latency=args.latency, workers=None if
+                                          args.topology else workers))
+    if topo.num_workers != workers:
+        raise ValueError(f"--topology {args.topology!r} has {topo.num_workers} workers but "
+                         f"the job runs {workers} ranks: run `mpirun -n {topo.num_workers} "
+                         "...` or describe this job's ranks")
+    return topo
+
+
+def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
+            network: str) -> AutoPlan:
+    """Rank 0: profile, choose, print; the decision to broadcast."""
+    from pipesgd.planner.choose import choose
+    from pipesgd.planner.cli import (
+        describe_choice,
+        format_stages,
+        profile_layer_model,
+        train_command,
+    )
+
+    batch, micro = batch_sizes(args)
+    if topology is None:
+        topology = _given_topology(args, workers)
+        network = f"--topology {args.topology}" if args.topology else (
+            f"--bandwidth {args.bandwidth} --latency {args.latency}")
+    prof = profile_layer_model(model, args.model, micro, threads=1)
+    choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
+                    staleness=args.staleness)
+    print(describe_choice(prof, topology, choice, args.model))
+    print()
+    best, pipeline = choice.best, choice.best_pipeline
+    command = None
+    if best.family == "data-parallel":
+        command = train_command(argparse.Namespace(model=args.model, data=args.data,
+                                                   batch_size=batch), best, workers)
+    if pipeline is None:
+        raise ValueError(f"no pipeline plan fits the budget; {choice.explanation} Data "
+                         f"parallelism fits: {command or 'see the ranking'}")
+    title = "" if pipeline is best else "best pipeline (not the choice): "
+    print(title + format_stages(pipeline))
+    print()
+    print(f"choice: {choice.explanation}")
+    if command is not None:
+        print(f"data parallelism ranks first (run it with: {command}); running the best "
+              f"pipeline, {pipeline.family}'s, as asked")
+    rate = pipeline.samples_per_s
+    return AutoPlan(
+        plan=pipeline.plan, planner=pipeline.family,
+        predicted_samples_per_s=rate if math.isfinite(rate) else 0.0,
+        choice=best.family, explanation=choice.explanation, train_command=command,
+        profile=prof.to_dict(), topology=topology.to_dict(), network=network,
+        memory_per_worker=choice.memory_per_worker, batch_size=batch, micro_batch=micro,
+        staleness=args.staleness)
+
+
+def plan_comm(comm: Any, plan: Plan) -> Any:
+    """The ranks that run `plan` (the first `plan.world_size`), or None on the others: a
+    plan may leave workers out where more of them would not run faster."""
+    if plan.world_size == comm.Get_size():
+        return comm
+    from mpi4py import MPI
+
+    inside = comm.Get_rank() < plan.world_size
+    sub = comm.Split(0 if inside else MPI.UNDEFINED, comm.Get_rank())
+    return sub if inside else None
+
+
+__all__ = ["AUTO", "AutoPlan", "AutoPlanError", "batch_sizes", "decide", "describe_plan",
+           "plan_argument", "plan_comm"]

@@ -1,0 +1,65 @@
+"""`pipesgd pipeline --plan auto` under real mpirun: rank 0 chooses, every rank runs it."""
+
+import json
+import re
+import sys
+
+from mpirun import run_mpi
+
+from pipesgd.pipeline.plan import Plan
+from pipesgd.planner import HierarchicalTopology, ModelProfile, choose
+
+RUN = ("-m", "pipesgd.cli", "pipeline", "--model", "mlp", "--data", "digits", "--plan", "auto",
+       "--epochs", "1", "--steps", "10", "--no-progress")
+
+
+def pipeline(*args: str, expect_success: bool = True):
+    return run_mpi(2, sys.executable, *RUN, *args, python=False, timeout=60,
+                   expect_success=expect_success)
+
+
+def plans_run(out: str) -> dict[int, str]:
+    """rank -> the plan line it printed before running."""
+    return {int(r): plan for r, plan in re.findall(r"^rank (\d+): (\w+ plan: .*)$", out, re.M)}
+
+
+def test_auto_plan_with_bandwidth_runs_the_plan_choose_gives(tmp_path):
+    out = pipeline("--bandwidth", "1Gbit", "--json", str(tmp_path / "r.json")).stdout
+    assert " #  candidate" in out and "choice: " in out, out
+    ran = plans_run(out)
+    assert sorted(ran) == [0, 1] and ran[0] == ran[1], out
+    report = json.loads((tmp_path / "r.json").read_text())
+    auto = report["auto_plan"]
+    assert auto["predicted_samples_per_s"] > 0 and auto["measured_samples_per_s"] > 0
+    assert auto["measured_samples_per_s"] == report["throughput_samples_per_s"]
+    assert auto["network"].startswith("--bandwidth 1Gbit")
+    recorded = Plan.from_dict(auto["plan"])
+    assert Plan.from_dict(report["plan"]) == recorded
+    assert ran[0].startswith(auto["planner"])
+    again = choose(ModelProfile.from_dict(auto["profile"]),
+                   HierarchicalTopology.from_dict(auto["topology"]), auto["memory_per_worker"],
+                   batch_size=auto["batch_size"], micro_batch=auto["micro_batch"],
+                   staleness=auto["staleness"])
+    assert again.best_pipeline.plan == recorded
+    assert again.best_pipeline.family == auto["planner"]
+    assert f"predicted {auto['predicted_samples_per_s']:.0f} samples/s" in out
+
+
+def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
+    out = pipeline("--json", str(tmp_path / "r.json")).stdout
+    ran = plans_run(out)
+    assert sorted(ran) == [0, 1] and ran[0] == ran[1], out
+    auto = json.loads((tmp_path / "r.json").read_text())["auto_plan"]
+    assert auto["network"].startswith("measured on 2 ranks"), auto["network"]
+    level, = auto["topology"]["levels"]
+    assert level["count"] == 2 and level["bandwidth"] > 0
+    assert auto["measured_samples_per_s"] > 0
+
+
+def test_no_plan_within_memory_exits_2_on_every_rank():
+    proc = pipeline("--bandwidth", "1Gbit", "--memory", "1KB", expect_success=False)
+    assert proc.returncode == 2, proc.stdout
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: error: no plan fits 1 kB per worker; the smallest "
+                         r"budget that fits is \d+ bytes", proc.stdout), proc.stdout
+    assert "epoch 0" not in proc.stdout
