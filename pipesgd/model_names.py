@@ -13,12 +13,14 @@ for (`pipesgd.paper_models`) and the data's class count.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib
 import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -113,3 +115,32 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise ValueError(f"--input-shape {text!r}: expected positive integers separated by "
                          "commas, e.g. 784 or 3,32,32")
     return shape
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, model_default: str | None = "mlp",
+                        model_help: str = HELP) -> None:
+    """--model, --data, --input-shape and --classes, as the tools that profile a model
+    without training it take them (`model_shape` reads them)."""
+    parser.add_argument("--model", default=model_default, help=model_help)
+    parser.add_argument("--data", help="size the model for this data set, as `pipesgd train "
+                        "--data` does (digits, synthetic or an MNIST folder)")
+    parser.add_argument("--input-shape", type=parse_shape,
+                        help="shape of one sample, e.g. 784 or 3,32,32 (instead of --data)")
+    parser.add_argument("--classes", type=int, default=10, help="output classes (default 10)")
+
+
+def model_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The sample shape and classes to size the model for: from --data as `pipesgd train`
+    loads it, from --input-shape, or (neither) the built-in models' defaults."""
+    if args.data and args.input_shape:
+        raise ValueError("give --data or --input-shape, not both")
+    if args.data:
+        from pipesgd.train.data import load
+
+        dataset = load(args.data, args.model)
+        return {"input_shape": dataset.input_shape, "num_classes": dataset.num_classes}
+    if args.input_shape:
+        return {"input_shape": args.input_shape, "num_classes": args.classes}
+    if args.model not in BUILTIN:
+        raise ValueError(f"--model {args.model!r} needs --data or --input-shape to profile it")
+    return {}

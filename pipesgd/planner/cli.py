@@ -19,18 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipesgd.model_names import HELP, parse_shape
+from pipesgd.model_names import HELP, add_model_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Choose between PipeDream's plan, MadPipe's plan and data "
                           "parallelism for a model on a cluster (predicted samples/s).")
-    parser.add_argument("--model", help=HELP + " (default mlp, or the --profile's)")
-    parser.add_argument("--data", help="size the model for this data set, as `pipesgd train "
-                        "--data` does (digits, synthetic or an MNIST folder)")
-    parser.add_argument("--input-shape", type=parse_shape,
-                        help="shape of one sample, e.g. 784 or 3,32,32 (instead of --data)")
-    parser.add_argument("--classes", type=int, default=10, help="output classes (default 10)")
+    add_model_arguments(parser, model_default=None,
+                        model_help=HELP + " (default mlp, or the --profile's)")
     parser.add_argument("--batch-size", type=int, required=True,
                         help="samples per optimizer step of one worker: per rank for data "
                              "parallelism, micro-batch x micro-batches per step for a pipeline")
@@ -109,9 +105,8 @@ def topology_of(args: argparse.Namespace) -> Any:
 
 
 def _layer_model(args: argparse.Namespace) -> Any:
-    from pipesgd.model_names import layer_model
+    from pipesgd.model_names import layer_model, model_shape
     from pipesgd.pipeline.models import MODELS
-    from pipesgd.timing.cli import model_shape
 
     shape = model_shape(args)
     if shape:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipesgd.model_names import BUILTIN, HELP, parse_shape
+from pipesgd.model_names import add_model_arguments, model_shape
 from pipesgd.timing.cluster import HOST_CPU_DEFAULTS
 from pipesgd.timing.paper import BENCHMARKS
 
@@ -38,12 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for name, text in (("predict", "predict and rank every configuration"),
                        ("project", "iteration time and scaling efficiency for p = 2..256")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--model", default="mlp", help=HELP)
-        s.add_argument("--data", help="size the model for this data set, as `pipesgd train "
-                       "--data` does (digits, synthetic or an MNIST folder)")
-        s.add_argument("--input-shape", type=parse_shape,
-                       help="shape of one sample, e.g. 784 or 3,32,32 (instead of --data)")
-        s.add_argument("--classes", type=int, default=10, help="output classes (default 10)")
+        add_model_arguments(s)
         s.add_argument("--batch-size", type=int, default=64, help="samples per rank")
         s.add_argument("--profile", help="a profile JSON instead of profiling the model here")
         s.add_argument("--threads", type=int, default=1,
@@ -138,23 +133,6 @@ def format_network(net: Any) -> str:
     lines.append(f"  host: {net.cores} cores, {rph} per host; spread (IQR/median): "
                  + ", ".join(f"{k} {v:.0%}" for k, v in net.spread.items()))
     return "\n".join(lines)
-
-
-def model_shape(args: argparse.Namespace) -> dict[str, Any]:
-    """The sample shape and classes to size the model for: from --data as `pipesgd train`
-    loads it, from --input-shape, or (neither) the built-in models' defaults."""
-    if args.data and args.input_shape:
-        raise ValueError("give --data or --input-shape, not both")
-    if args.data:
-        from pipesgd.train.data import load
-
-        dataset = load(args.data, args.model)
-        return {"input_shape": dataset.input_shape, "num_classes": dataset.num_classes}
-    if args.input_shape:
-        return {"input_shape": args.input_shape, "num_classes": args.classes}
-    if args.model not in BUILTIN:
-        raise ValueError(f"--model {args.model!r} needs --data or --input-shape to profile it")
-    return {}
 
 
 def load_profile(args: argparse.Namespace) -> Any:
