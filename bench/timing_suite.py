@@ -93,8 +93,8 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
 
     import pipesgd
     from pipesgd.pipeline.models import MODELS
+    from pipesgd.polling import idle_barrier
     from pipesgd.timing import all_configs, measure_network, profile_named
-    from pipesgd.timing.network import idle_barrier
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -4,14 +4,16 @@ MPI's own Wait spins, which takes a core from the ranks that compute when ranks 
 cores; over TCP, Open MPI moves data only inside MPI calls, so a spinning rank also
 holds up the peers whose transfers it waits for. These waits test, then sleep, as the
 engine's comm thread does (csrc/comm_context.h). Used by the pipeline's point-to-point
-exchange and by the network measurements of `pipesgd.timing`.
+exchange and by the network measurements of `pipesgd.timing`; `decided_on_root` lets
+rank 0 work (profile, choose) while the others sleep.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from mpi4py import MPI
 
@@ -57,3 +59,33 @@ def wait_politely(requests: MPI.Request | Sequence[MPI.Request],
     while not test():
         if time.perf_counter() > deadline:
             time.sleep(poll)
+
+
+def idle_barrier(comm: MPI.Comm, poll_s: float = 1e-3) -> None:
+    """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
+    wait_politely(comm.Ibarrier(), Polling(spin_s=0.0, poll_s=poll_s))
+
+
+T = TypeVar("T")
+
+
+def decided_on_root(comm: MPI.Comm, decide: Callable[[], T],
+                    errors: tuple[type[Exception], ...] = (ValueError,)) -> T:
+    """`decide()` on rank 0 while the other ranks wait asleep (a spinning barrier would
+    take a core it needs), its result on every rank (collective).
+
+    Raises:
+        One of `errors`: on every rank, the exception `decide()` raised on rank 0, so no
+            rank waits for a decision that never comes.
+    """
+    outcome: tuple[T | None, Exception | None] = (None, None)
+    if comm.Get_rank() == 0:
+        try:
+            outcome = (decide(), None)
+        except errors as exc:
+            outcome = (None, exc)
+    idle_barrier(comm)
+    value, error = comm.bcast(outcome, root=0)
+    if error is not None:
+        raise error
+    return value  # type: ignore[return-value]

@@ -124,22 +124,17 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         AutoPlanError: on every rank, with rank 0's message (bad topology or sizes, a
             model the profiler cannot run, no plan within --memory).
     """
-    from pipesgd.timing.network import idle_barrier
+    from pipesgd.polling import decided_on_root
 
     topology, network = None, "given"
     if not (args.topology or args.bandwidth):
         topology, network = _measured_topology(comm)  # collective: every rank measures
-    outcome: tuple[str, Any] | None = None
-    if comm.Get_rank() == 0:
-        try:
-            outcome = ("plan", _choose(args, model, comm.Get_size(), topology, network))
-        except (ValueError, TypeError, OSError, RuntimeError) as err:
-            outcome = ("error", str(err))
-    idle_barrier(comm)  # the other ranks sleep while rank 0 profiles
-    kind, value = comm.bcast(outcome, root=0)
-    if kind == "error":
-        raise AutoPlanError(value)
-    return value
+    errors = (ValueError, TypeError, OSError, RuntimeError)
+    try:
+        return decided_on_root(
+            comm, lambda: _choose(args, model, comm.Get_size(), topology, network), errors)
+    except errors as err:
+        raise AutoPlanError(str(err)) from err
 
 
 def _measured_topology(comm: Any) -> tuple[Any, str]:

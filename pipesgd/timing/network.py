@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipesgd.polling import idle_barrier
+
 if TYPE_CHECKING:
     from pipesgd.timing.topology import Topology
 
@@ -262,13 +264,6 @@ def measure_kernels(
             ),
         )
     return gamma, copy, kernels, spread
-
-
-def idle_barrier(comm: Any, poll_s: float = 1e-3) -> None:
-    """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
-    from pipesgd.polling import Polling, wait_politely
-
-    wait_politely(comm.Ibarrier(), Polling(spin_s=0.0, poll_s=poll_s))
 
 
 _POLITE_POLL_S = 50e-6  # the engine's PIPESGD_POLL_US default

@@ -21,6 +21,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from pipesgd.polling import decided_on_root
 from pipesgd.timing.model import (
     DEFAULT_BUCKET_BYTES,
     TIE_TOLERANCE,
@@ -30,7 +31,7 @@ from pipesgd.timing.model import (
     predict,
     ranking_key,
 )
-from pipesgd.timing.network import NetworkParams, idle_barrier, measure_network
+from pipesgd.timing.network import NetworkParams, measure_network
 from pipesgd.timing.profile import Profile, profile
 from pipesgd.timing.report import format_ranking
 from pipesgd.train.loop import TrainConfig, build_optimizer, prepare
@@ -219,21 +220,11 @@ def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
     start = time.perf_counter()
     network = measure_network(comm, repeats=NETWORK_REPEATS)
     measured = time.perf_counter()
-    decision: AutoChoice | None = None
-    error: Exception | None = None
-    if comm.rank == 0:
-        try:
-            prof = profile_run(config)
-            profiled = time.perf_counter()
-            decision = AutoChoice(rank_configurations(prof, network, comm.size), network,
-                                  prof, measure_s=measured - start,
-                                  profile_s=profiled - measured)
-        except (ValueError, FileNotFoundError) as exc:
-            error = exc
-    # The others wait asleep: a spinning MPI barrier takes a core the profile needs.
-    idle_barrier(comm)
-    decision, error = comm.bcast((decision, error), root=0)
-    if error is not None:
-        raise error
-    assert decision is not None
-    return decision
+
+    def decide() -> AutoChoice:
+        prof = profile_run(config)
+        profiled = time.perf_counter()
+        return AutoChoice(rank_configurations(prof, network, comm.size), network, prof,
+                          measure_s=measured - start, profile_s=profiled - measured)
+
+    return decided_on_root(comm, decide, errors=(ValueError, FileNotFoundError))
