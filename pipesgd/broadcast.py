@@ -20,6 +20,7 @@ def broadcast_parameters(
     params: nn.Module | Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
     root: int = 0,
     comm: MPI.Comm | None = None,
+    what: str = "pass",
 ) -> None:
     """Overwrite every rank's tensors with the root's, in place.
 
@@ -29,9 +30,11 @@ def broadcast_parameters(
             in the same order on every rank.
         root: rank whose values everyone receives.
         comm: communicator (default COMM_WORLD).
+        what: the verb of the mismatch message ("every rank must pass the same model").
 
     Raises:
-        ValueError: `root` is not a rank of `comm`, or a tensor is not on the CPU.
+        ValueError: `root` is not a rank of `comm`, or the ranks' tensors differ in
+            names, shapes or dtypes (on every rank).
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     if not 0 <= root < comm.size:
@@ -42,18 +45,21 @@ def broadcast_parameters(
         items = list(params.items())
     else:
         items = list(params)
-    names = comm.bcast([name for name, _ in items], root=root)
-    if names != [name for name, _ in items]:
-        raise ValueError(
-            f"rank {comm.rank} has tensors {[n for n, _ in items][:3]}... but the root has "
-            f"{names[:3]}...: every rank must pass the same model"
-        )
+    # Every rank checks every layout, so a mismatch raises everywhere (the root too)
+    # instead of leaving some ranks waiting in a Bcast.
+    layouts = comm.allgather([(n, tuple(t.shape), str(t.dtype)) for n, t in items])
+    for rank, layout in enumerate(layouts):
+        if layout != layouts[root]:
+            diff = next((f"{a} vs {b}" for a, b in zip(layouts[root], layout, strict=False)
+                         if a != b), f"{len(layouts[root])} vs {len(layout)} tensors")
+            raise ValueError(f"rank {rank} has other tensors than the root (first difference: "
+                             f"{diff}): every rank must {what} the same model")
     with torch.no_grad():
-        for name, tensor in items:
-            if tensor.device.type != "cpu":
-                raise ValueError(f"{name!r} is on {tensor.device}; broadcast CPU tensors")
+        for _name, tensor in items:
             target = tensor.detach()
-            work = target if target.is_contiguous() else target.contiguous()
+            # an accelerator's tensor travels through a CPU copy
+            work = target if target.is_contiguous() and target.device.type == "cpu" \
+                else target.contiguous().cpu()
             if work.numel():
                 raw = work.view(-1).view(_BITS[work.element_size()]) if work.is_floating_point() \
                     or work.is_complex() else work.view(-1)

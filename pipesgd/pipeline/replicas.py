@@ -27,37 +27,15 @@ from pipesgd.delay import DelayedQueue, DelaySchedule
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 
-def _layout(state: dict[str, Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
-    return [(k, tuple(t.shape), str(t.dtype)) for k, t in state.items()]
-
-
 def broadcast_from_first_replica(module: nn.Module, comm) -> None:
-    """Overwrite this replica's parameters and buffers with replica 0's, in place.
-
-    Collective over `comm`, the stage's replica communicator (replica r is its rank r).
-    Tensors on an accelerator travel through a CPU copy. The layouts (names, shapes,
-    dtypes) are compared first, so replicas built from different models all raise
-    instead of some waiting forever in a broadcast.
+    """Overwrite this replica's parameters and buffers with replica 0's, in place
+    (collective over `comm`, the stage's replica communicator).
 
     Raises:
-        ValueError: the replicas' stages have different tensor names, shapes or dtypes.
+        ValueError: on every replica, when the replicas' stages have different tensor
+            names, shapes or dtypes.
     """
-    state = module.state_dict()
-    layouts = comm.allgather(_layout(state))
-    for replica, layout in enumerate(layouts):
-        if layout != layouts[0]:
-            diff = next((f"{a} vs {b}" for a, b in zip(layouts[0], layout, strict=False)
-                         if a != b), f"{len(layouts[0])} vs {len(layout)} tensors")
-            raise ValueError(
-                f"replica {replica} of this stage built other tensors than replica 0 "
-                f"(first difference: {diff}): every rank must build the same model"
-            )
-    staged = {k: t if t.device.type == "cpu" else t.detach().cpu() for k, t in state.items()}
-    broadcast_parameters(staged, root=0, comm=comm)
-    with torch.no_grad():
-        for k, t in state.items():
-            if staged[k] is not t:
-                t.copy_(staged[k])
+    broadcast_parameters(module, root=0, comm=comm, what="build")
 
 
 class LocalGradients:
