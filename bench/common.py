@@ -10,8 +10,6 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from tabulate import tabulate
-
 RESULTS = Path(__file__).resolve().parent / "results"
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6}
 
@@ -39,6 +37,8 @@ def link_rate_bps() -> float | None:
 
 
 def print_table(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    from tabulate import tabulate  # here: netem.py imports this module without it
+
     if title:
         print(f"\n{title}")
     print(tabulate(rows, headers="keys", floatfmt=".3g"))

@@ -53,6 +53,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import parse_size
+
 PREFIX = "psgd"
 IFNAME = "psgd0"
 BRIDGE = "psgd-br"
@@ -120,20 +123,17 @@ def parse_latency(text: str) -> float:
     return float(match.group(1)) * _TIME_UNITS[(match.group(2) or "s").lower()]
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "kb": 10**3, "mb": 10**6}
-
-
 def parse_burst(text: str) -> int:
     """Parse a token-bucket size such as `0`, `64KiB`, `1MiB` or `125kB` into bytes.
 
     Raises:
         ValueError: the text is not a size; the message shows accepted forms.
     """
-    match = re.fullmatch(r"\s*([0-9]+)\s*([km]i?b|b)?\s*", text, re.IGNORECASE)
-    if not match:
+    try:
+        return parse_size(text)
+    except ValueError:
         raise ValueError(f"bad burst {text!r}: use a size in bytes, e.g. --burst 0, "
-                         "--burst 128KiB, --burst 1MiB")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+                         "--burst 128KiB, --burst 1MiB") from None
 
 
 def format_rate(bits_per_s: float) -> str:

@@ -44,13 +44,16 @@ class Dataset:
         return tuple(self.train_x.shape[1:])
 
 
-# Models that take flat samples; every other model gets (N, C, 32, 32) images.
-FLAT_INPUT = ("mlp", "paper-mnist-mlp")
+def _flat(model: str) -> bool:
+    """Whether `model` takes flat samples; every other model gets (N, C, 32, 32) images."""
+    from pipesgd.paper_models import PAPER_NETWORKS
+
+    return model == "mlp" or (model in PAPER_NETWORKS and PAPER_NETWORKS[model].flat_input)
 
 
 def _shape_images(images: Tensor, model: str) -> Tensor:
     """(N, H, W) images in [0, 1] -> flat (N, H*W) for an MLP, (N, 1, 32, 32) otherwise."""
-    if model in FLAT_INPUT:
+    if _flat(model):
         return images.reshape(len(images), -1)
     images = images.unsqueeze(1)
     h, w = images.shape[-2:]
@@ -75,7 +78,7 @@ def digits(model: str) -> Dataset:
 
 def synthetic(model: str, seed: int = 0) -> Dataset:
     """Gaussian inputs with a learnable label: 784 features (an MLP) or 3x32x32."""
-    shape = (784,) if model in FLAT_INPUT else (3, 32, 32)
+    shape = (784,) if _flat(model) else (3, 32, 32)
     x, y = pipeline_data.synthetic(SYNTHETIC_TRAIN + SYNTHETIC_TEST, shape, 10, seed=seed)
     return Dataset("synthetic", x[:SYNTHETIC_TRAIN], y[:SYNTHETIC_TRAIN],
                    x[SYNTHETIC_TRAIN:], y[SYNTHETIC_TRAIN:], 10)
