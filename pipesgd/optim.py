@@ -122,10 +122,7 @@ class DistributedOptimizer:
             raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
 
         self.optimizer = optimizer
-        self.staleness = staleness
         self.compression = compression
-        self.warmup_steps = warmup_steps
-        self.ramp_steps = ramp_steps
         self.overlap = overlap
         self.bucket_mb = float(bucket_mb)
         self.names, self.params = _check_named_parameters(optimizer, named_parameters)
@@ -163,6 +160,19 @@ class DistributedOptimizer:
             self._grad_views = [self.buckets.param_views(s) for s in range(staleness)]
         for index, p in enumerate(self.params):
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
+
+    # The delay schedule is the one source of these settings.
+    @property
+    def staleness(self) -> int:
+        return self.schedule.staleness
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.schedule.warmup_steps
+
+    @property
+    def ramp_steps(self) -> int:
+        return self.schedule.ramp_steps
 
     # -- the torch.optim.Optimizer surface -------------------------------------------------
 

@@ -88,13 +88,16 @@ class ReplicaGradientSync:
                 "replicated pipeline stages synchronize with the pipesgd engine, which is "
                 "not built: run `make build` (or use a plan with replicas 1 everywhere)"
             ) from exc
-        schedule = DelaySchedule(staleness)
+        self.schedule = DelaySchedule(staleness)
         self.engine = engine_cls(comm)
         self.compression = compression
-        self.staleness = staleness
         self.bucket_bytes = bucket_bytes
-        self._pending: DelayedQueue[tuple[list, Tensor, Tensor]] = DelayedQueue(schedule)
+        self._pending: DelayedQueue[tuple[list, Tensor, Tensor]] = DelayedQueue(self.schedule)
         self._round = 0  # update rounds submitted
+
+    @property
+    def staleness(self) -> int:
+        return self.schedule.staleness
 
     def submit(self, flat_sum: Tensor, count: float) -> None:
         buf = flat_sum.detach().to("cpu", copy=True).contiguous()
