@@ -138,20 +138,22 @@ def _check_replaceable(target: Path) -> None:
 
 def _on_every_rank(pipe: Pipeline, what: str, step: Callable[[], Any]) -> Any:
     """Run `step` here; if it raised on any rank, raise on every rank (the rank that
-    failed re-raises its own error), so that no rank waits for a failed one."""
+    failed re-raises its own error), so that no rank waits for a failed one. Returns
+    rank 0's result on every rank (one collective carries both)."""
     error = None
     try:
         result = step()
     except Exception as exc:  # reported to every rank below
         error, result = exc, None
-    failed = pipe.comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    message = None if error is None else f"{type(error).__name__}: {error}"
+    outcomes = pipe.comm.allgather((message, result if pipe.rank == 0 else None))
     if error is not None:
         raise error
-    for rank, message in enumerate(failed):
-        if message is not None:
+    for rank, (failed, _) in enumerate(outcomes):
+        if failed is not None:
             raise CheckpointError(f"checkpoint not saved: rank {rank} failed to {what} "
-                                  f"({message})")
-    return result
+                                  f"({failed})")
+    return outcomes[0][1]
 
 
 def _prepare(target: Path) -> Path:
@@ -195,7 +197,6 @@ def save(pipe: Pipeline, directory: str | Path) -> Path:
     out = Path(directory).absolute()
     tmp = _on_every_rank(pipe, f"prepare {out}",
                          lambda: _prepare(out) if pipe.rank == 0 else None)
-    tmp = pipe.comm.bcast(tmp, root=0)
     try:
         def write() -> None:
             for name, obj in _stage_files(pipe).items():
