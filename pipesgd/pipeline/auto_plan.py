@@ -103,12 +103,12 @@ def batch_sizes(args: argparse.Namespace) -> tuple[int, int]:
     """(batch, micro-batch) of the run, resolved as `pipesgd pipeline` resolves them
     without a plan: micro-batch 8; one micro-batch per step for 1F1B, 32 samples per
     flush for GPipe."""
-    micro = args.micro_batch or 8
+    from .cli import DEFAULT_MICRO_BATCH, default_steps
+
+    micro = args.micro_batch or DEFAULT_MICRO_BATCH
     if args.batch_size is not None:
         return args.batch_size, micro
-    if args.schedule == "gpipe":
-        return micro * max(1, 32 // micro), micro
-    return micro, micro
+    return micro * default_steps(args.schedule, micro), micro
 
 
 def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:

@@ -76,6 +76,15 @@ def _model(args, builtin):
         raise SystemExit(f"pipesgd pipeline: {exc}") from exc
 
 
+DEFAULT_MICRO_BATCH = 8
+
+
+def default_steps(schedule: str, micro_batch: int) -> int:
+    """Micro-batches per step without --batch-size: one for 1F1B, 32 samples per GPipe
+    flush."""
+    return max(1, 32 // micro_batch) if schedule == "gpipe" else 1
+
+
 def _plan(args, num_layers: int, world: int, chosen=None):
     from .plan import Plan
 
@@ -84,7 +93,8 @@ def _plan(args, num_layers: int, world: int, chosen=None):
     elif args.plan is not None:
         plan = Plan.load(args.plan)
     else:
-        plan = Plan.even(num_layers, world, micro_batch=args.micro_batch or 8)
+        plan = Plan.even(num_layers, world,
+                         micro_batch=args.micro_batch or DEFAULT_MICRO_BATCH)
     changes = {}
     if args.schedule:
         changes["schedule"] = args.schedule
@@ -98,7 +108,7 @@ def _plan(args, num_layers: int, world: int, chosen=None):
                              f"({mb} samples)")
         changes["micro_batches_per_step"] = args.batch_size // mb
     elif args.plan is None:
-        changes["micro_batches_per_step"] = max(1, 32 // mb) if schedule == "gpipe" else 1
+        changes["micro_batches_per_step"] = default_steps(schedule, mb)
     return plan.replace(**changes)
 
 

@@ -240,9 +240,10 @@ def _over(memory: float, budget: float | None) -> str:
 
 def _deepest_fitting(
     plan: Plan, run: Callable[[Plan], SimulationResult], budget: float | None
-) -> tuple[SimulationResult | None, float]:
+) -> tuple[SimulationResult | None, float, SimulationResult]:
     """The simulation of `plan` at the deepest depth <= its own whose memory fits the
-    budget (memory grows with depth, so by bisection), and the memory at depth 1."""
+    budget (memory grows with depth, so by bisection), the memory at depth 1, and the
+    simulation of `plan` as it is."""
     cache: dict[int, SimulationResult] = {}
 
     def at(depth: int) -> SimulationResult:
@@ -255,15 +256,16 @@ def _deepest_fitting(
 
     deepest = plan.noam
     if fits(deepest):
-        return at(deepest), (at(1).max_memory_bytes if budget is not None else math.nan)
+        return (at(deepest), (at(1).max_memory_bytes if budget is not None else math.nan),
+                at(deepest))
     least = at(1).max_memory_bytes
     if not fits(1):
-        return None, least
+        return None, least, at(deepest)
     lo, hi = 1, deepest  # fits(lo), not fits(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return at(lo), least
+    return at(lo), least, at(deepest)
 
 
 def _pipeline_reason(family: str, sim: SimulationResult, total_workers: int,
@@ -282,9 +284,8 @@ def _pipeline_reason(family: str, sim: SimulationResult, total_workers: int,
 
 def _pipeline(family: str, plan: Plan, run: Callable[[Plan], SimulationResult],
               budget: float | None, total_workers: int) -> Candidate:
-    sim, least = _deepest_fitting(plan, run, budget)
+    sim, least, top = _deepest_fitting(plan, run, budget)
     if sim is None:
-        top = run(plan)
         return Candidate(family, top.samples_per_s, top.max_memory_bytes, plan.world_size,
                          f"{family}: " + _over(least, budget) + " even with one micro-batch "
                          f"in flight ({_pipeline_reason(family, top, total_workers, plan.noam)})",
