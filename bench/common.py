@@ -6,12 +6,31 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6}
+
+
+def mpirun() -> str:
+    """The mpirun beside this Python (the venv's Open MPI wheel), else the one on PATH."""
+    bindir = Path(sys.executable).parent
+    found = shutil.which("mpirun", path=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        raise SystemExit("mpirun not found: run `make setup` first")
+    return found
+
+
+def mpi_env(**extra: str) -> dict[str, str]:
+    """This environment, allowed to run mpirun as root (containers), plus `extra`."""
+    env = dict(os.environ)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return {**env, **extra}
 
 
 def parse_size(text: str) -> int:

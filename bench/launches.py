@@ -8,22 +8,13 @@ inside one process hides a bimodal result: only a count over launches shows it.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def mpirun() -> str:
-    """The mpirun beside this Python (the venv's Open MPI wheel), else the one on PATH."""
-    bindir = Path(sys.executable).parent
-    found = shutil.which("mpirun", path=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
-    if found is None:
-        raise SystemExit("mpirun not found: run `make setup` first")
-    return found
+from common import mpi_env, mpirun
 
 
 def run_launches(script: Path, np_: int, launches: int, script_args: list[str],
@@ -33,9 +24,7 @@ def run_launches(script: Path, np_: int, launches: int, script_args: list[str],
 
     Raises SystemExit naming the launch when one fails or outlives `timeout_s`.
     """
-    env = dict(os.environ)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env = mpi_env()
     out: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="pipesgd-launches-") as tmp:
         for k in range(launches):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -184,14 +183,14 @@ def run_scenario(scenario: Scenario, out: Path, timeout: float) -> dict:
     model = scenario.model
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model,
            str(BATCH[PACE[model]]), str(scenario.bucket_mb), str(out)]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    from common import mpi_env, mpirun
+
+    env = mpi_env(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     if scenario.rate is None:
-        mpirun = Path(sys.executable).parent / "mpirun"
-        subprocess.run([str(mpirun), "--oversubscribe", "-n", str(scenario.p), *cmd],
+        subprocess.run([mpirun(), "--oversubscribe", "-n", str(scenario.p), *cmd],
                        check=True, env=env, cwd=ROOT, timeout=timeout)
     else:
-        sys.path.insert(0, str(ROOT / "bench"))
         from netem import mpirun_over_netem
 
         run = mpirun_over_netem(cmd, np=scenario.p, rate=scenario.rate, burst=scenario.burst,
