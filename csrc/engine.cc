@@ -121,7 +121,11 @@ std::shared_ptr<Operation> Engine::make_operation(void* data, std::size_t count,
 std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
                                              ReduceOp op, Compression compression,
                                              bool caller_waits) {
-  auto operation = make_operation(data, count, dtype, op, compression);
+  return enqueue(make_operation(data, count, dtype, op, compression), caller_waits);
+}
+
+std::shared_ptr<Operation> Engine::enqueue(std::shared_ptr<Operation> operation,
+                                           bool caller_waits) {
   {
     // Sequence numbers are assigned in queue order.
     std::lock_guard<std::mutex> lock(shutdown_mutex_);
@@ -139,11 +143,11 @@ std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DTyp
 
 std::shared_ptr<Operation> Engine::allreduce_now(void* data, std::size_t count, DType dtype,
                                                  ReduceOp op, Compression compression) {
+  auto operation = make_operation(data, count, dtype, op, compression);
   {
     // try_lock: if the comm thread is running something, this operation queues behind it.
     std::unique_lock<std::mutex> exec(exec_mutex_, std::try_to_lock);
     if (exec.owns_lock()) {
-      auto operation = make_operation(data, count, dtype, op, compression);
       bool idle = false;
       {
         std::lock_guard<std::mutex> lock(shutdown_mutex_);
@@ -162,7 +166,7 @@ std::shared_ptr<Operation> Engine::allreduce_now(void* data, std::size_t count, 
       }
     }
   }
-  return allreduce(data, count, dtype, op, compression, /*caller_waits=*/true);
+  return enqueue(std::move(operation), /*caller_waits=*/true);
 }
 
 void Engine::execute(Operation& op) {

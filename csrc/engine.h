@@ -74,6 +74,8 @@ class Engine {
   // A validated operation on `data`, not yet numbered or queued.
   std::shared_ptr<Operation> make_operation(void* data, std::size_t count, DType dtype,
                                             ReduceOp op, Compression compression) const;
+  // Gives `operation` its sequence number and queues it for the comm thread.
+  std::shared_ptr<Operation> enqueue(std::shared_ptr<Operation> operation, bool caller_waits);
 
   EnvConfig config_;
   int rank_ = 0;
