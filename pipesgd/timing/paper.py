@@ -154,28 +154,12 @@ def profile_benchmark(
     Raises:
         ValueError: an unknown benchmark or a profile batch below 1.
     """
-    import torch
-
-    from pipesgd.pipeline.models import paper
-    from pipesgd.timing.profile import profile
+    from pipesgd.timing.profile import profile_named
 
     bench = benchmark(key)
     batch = profiled_batch(key, profile_batch, p)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        spec = paper(bench.model)
-        net = spec.build(seed=seed)
-        if bench.last_layer_only:
-            for layer in list(net)[:-1]:
-                layer.requires_grad_(False)
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(batch, *spec.input_shape, generator=gen)
-        y = torch.randint(0, spec.num_classes, (batch,), generator=gen)
-        opt = torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=0.01)
-        prof = profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=bench.title)
-    finally:
-        torch.set_num_threads(previous)
+    prof = profile_named(bench.model, batch, threads=threads, warmup=warmup, repeats=repeats,
+                         seed=seed, last_layer_only=bench.last_layer_only, name=bench.title)
     return at_batch(prof, bench.batch_per_worker(p))
 
 

@@ -213,6 +213,8 @@ def profile_named(
     seed: int = 0,
     input_shape: tuple[int, ...] | None = None,
     num_classes: int = 10,
+    last_layer_only: bool = False,
+    name: str | None = None,
 ) -> Profile:
     """`profile` of a named model (`pipesgd.model_names`: "mlp", "cnn", a network of the
     paper such as "alexnet", or MODULE:FUNCTION) with SGD on a random batch, as
@@ -224,6 +226,9 @@ def profile_named(
         input_shape, num_classes: the samples the model is sized for (as `pipesgd train`
             sizes it for its data); None: the built-in models' defaults (the 64-input MLP
             of the digits, the 3-channel CNN, the paper's networks as published).
+        last_layer_only: train only the last layer (the others frozen), as the paper's
+            CIFAR100-Convex benchmark does.
+        name: the profile's model name (default: `model`).
 
     Raises:
         ValueError: an unknown model, a MODULE:FUNCTION without `input_shape`, or a batch
@@ -246,10 +251,13 @@ def profile_named(
         spec = (MODELS[model]() if input_shape is None
                 else layer_model(model, input_shape, num_classes, seed))
         net = spec.build(seed=seed)
+        if last_layer_only:
+            for layer in list(net)[:-1]:
+                layer.requires_grad_(False)
         gen = torch.Generator().manual_seed(seed)
         x = torch.randn(batch_size, *spec.input_shape, generator=gen)
         y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
-        opt = torch.optim.SGD(net.parameters(), lr=lr)
-        return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=model)
+        opt = torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=lr)
+        return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=name or model)
     finally:
         torch.set_num_threads(previous)
