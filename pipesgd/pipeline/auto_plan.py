@@ -166,12 +166,7 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
             network: str) -> AutoPlan:
     """Rank 0: profile, choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
-    from pipesgd.planner.cli import (
-        describe_choice,
-        format_stages,
-        profile_layer_model,
-        train_command,
-    )
+    from pipesgd.planner.cli import print_choice, profile_layer_model, train_command
 
     batch, micro = batch_sizes(args)
     if topology is None:
@@ -181,8 +176,7 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
     prof = profile_layer_model(model, args.model, micro, threads=1)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness)
-    print(describe_choice(prof, topology, choice, args.model))
-    print()
+    print_choice(prof, topology, choice, args.model)
     best, pipeline = choice.best, choice.best_pipeline
     command = None
     if best.family == "data-parallel":
@@ -191,10 +185,6 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
     if pipeline is None:
         raise ValueError(f"no pipeline plan fits the budget; {choice.explanation} Data "
                          f"parallelism fits: {command or 'see the ranking'}")
-    title = "" if pipeline is best else "best pipeline (not the choice): "
-    print(title + format_stages(pipeline))
-    print()
-    print(f"choice: {choice.explanation}")
     if command is not None:
         print(f"data parallelism ranks first (run it with: {command}); running the best "
               f"pipeline, {pipeline.family}'s, as asked")

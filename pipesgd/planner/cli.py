@@ -204,6 +204,19 @@ def describe_choice(prof: Any, topo: Any, choice: Any, model: str) -> str:
     ])
 
 
+def print_choice(prof: Any, topo: Any, choice: Any, model: str) -> None:
+    """The profile, the cluster and the ranking, the best pipeline's stages, and the
+    choice explained, as `pipesgd plan` and `pipesgd pipeline --plan auto` show them."""
+    print(describe_choice(prof, topo, choice, model))
+    print()
+    pipeline = choice.best_pipeline
+    if pipeline is not None:
+        title = "" if pipeline is choice.best else "best pipeline (not the choice): "
+        print(title + format_stages(pipeline))
+        print()
+    print(f"choice: {choice.explanation}")
+
+
 def format_stages(candidate: Any) -> str:
     """One row per stage of a pipeline candidate's simulated plan."""
     from .choose import format_bytes
@@ -295,19 +308,14 @@ def _plan(args: argparse.Namespace) -> int:
 
     choice = choose(prof, topo, args.memory, batch_size=args.batch_size,
                     micro_batch=args.micro_batch, staleness=args.staleness)
-    print(describe_choice(prof, topo, choice, args.model))
-    print()
+    print_choice(prof, topo, choice, args.model)
     best, pipeline = choice.best, choice.best_pipeline
     commands = {}
     if pipeline is not None:
         commands["pipeline"] = pipeline_command(args, pipeline)
-        title = "" if pipeline is best else "best pipeline (not the choice): "
-        print(title + format_stages(pipeline))
-        print()
     dp = next((c for c in choice.ranked if c.family == "data-parallel"), None)
     if dp is not None:
         commands["data-parallel"] = train_command(args, dp, topo.num_workers)
-    print(f"choice: {choice.explanation}")
     if best.family == "data-parallel":
         print(f"data parallelism wins; run it with:\n  {commands['data-parallel']}")
     else:
