@@ -34,7 +34,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import format_size, init_gloo, link_rate_bps, parse_size, print_table, write_json
+from common import (
+    format_size,
+    init_gloo,
+    link_rate_bps,
+    parse_size,
+    print_table,
+    ranks_per_node,
+    write_json,
+)
 from launches import run_launches
 
 DEFAULT_SIZES = "64KiB,256KiB,1MiB,4MiB,8MiB,16MiB,64MiB"
@@ -326,13 +334,6 @@ def run(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
-def ranks_per_node() -> int:
-    """Ranks per emulated node (bench/netem.py --nodes), 1 elsewhere."""
-    import os
-
-    return int(os.environ.get("PIPESGD_NETEM_RANKS_PER_NODE", "1"))
-
-
 def check_targets(records: list[dict], p: int, rate: float | None,
                   rpn: int = 1) -> list[str]:
     """The benchmark's targets, checked on this run's figures."""
@@ -365,8 +366,8 @@ def check_targets(records: list[dict], p: int, rate: float | None,
                 gain = (2 * (p - 1) / p) / (2 * (nodes - 1) / nodes)
                 out.append(f"{format_size(nbytes)}: {nodes} nodes x {rpn} ranks: a two-level "
                            f"allreduce would move {1 / gain:.2f}x the bytes over each node's "
-                           f"link, so at best {gain:.2f}x faster (modelled, "
-                           "pipesgd.timing.topology)")
+                           f"link, so at best {gain:.2f}x faster (bytes on the "
+                           "link only)")
             for c, limit in (("trunc16", 0.55), ("quant8", 0.30)):
                 other = by.get((f"pipesgd+{c}", nbytes))
                 if other:

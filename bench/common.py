@@ -55,6 +55,11 @@ def link_rate_bps() -> float | None:
     return float(value) if value else None
 
 
+def ranks_per_node() -> int:
+    """Ranks per emulated node under bench/netem.py --nodes, else 1."""
+    return int(os.environ.get("PIPESGD_NETEM_RANKS_PER_NODE", "1"))
+
+
 def print_table(rows: list[dict[str, Any]], title: str | None = None) -> None:
     from tabulate import tabulate  # here: netem.py imports this module without it
 
