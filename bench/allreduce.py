@@ -150,16 +150,17 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
     """Table rows, a JSON summary and target verdicts from each launch's records."""
     rows, summary, verdicts = [], [], []
     for nbytes in sorted({r["bytes"] for launch in per_launch for r in launch}):
-        mine, mpi = [], []
+        mine, mpi, paths = [], [], []
         for launch in per_launch:
-            by = {r["impl"]: r["time_s"] for r in launch if r["bytes"] == nbytes}
-            mine.append(by["pipesgd"])
-            mpi.append(by["mpi"])
+            by = {r["impl"]: r for r in launch if r["bytes"] == nbytes}
+            mine.append(by["pipesgd"]["time_s"])
+            mpi.append(by["mpi"]["time_s"])
+            paths.append(by["pipesgd"].get("path", "?"))
         fastest, slowest = min(mine), max(mine)
         worst_launch = mine.index(slowest)
         slowest_vs_mpi = mpi[worst_launch] / slowest  # > 1: pipesgd faster than MPI
         spread = slowest / fastest
-        summary.append({"bytes": nbytes, "pipesgd_s": mine, "mpi_s": mpi,
+        summary.append({"bytes": nbytes, "pipesgd_s": mine, "mpi_s": mpi, "paths": paths,
                         "spread": spread, "slowest_vs_mpi": slowest_vs_mpi})
         rows.append({
             "size": format_size(nbytes),
@@ -170,6 +171,8 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
             "MPI median ms": statistics.median(mpi) * 1e3,
             "MPI/pipesgd, slowest launch": slowest_vs_mpi,
             "MPI/pipesgd, worst": min(m / t for m, t in zip(mpi, mine, strict=True)),
+            "pipesgd path (launches)": ", ".join(f"{k} {paths.count(k)}"
+                                                 for k in sorted(set(paths))),
         })
         verdicts.append(f"{format_size(nbytes)}: slowest / fastest launch = {spread:.2f} "
                         f"(target <= {LAUNCH_SPREAD}) "
@@ -244,6 +247,14 @@ def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: C
     }
 
 
+def engine_path(engine, nbytes: int) -> str:
+    """How `engine` sent uncompressed operations of `nbytes`: "links" or "messages"."""
+    if not engine.shm_links:
+        return "messages"
+    size_class = 1 << (nbytes.bit_length() - 1)  # large operations are tuned per power of two
+    return engine.large_operation_paths.get(size_class, "links")
+
+
 def run(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
@@ -304,6 +315,8 @@ def run(args: argparse.Namespace) -> None:
                 bound = 2 * (p - 1) / p * nbytes * 8 / rate
                 record["link_bound_s"] = bound
                 row["bound/time"] = bound / t
+            if label == "pipesgd":
+                record["path"] = row["path"] = engine_path(engine, nbytes)
             records.append(record)
             rows.append(row)
     if rank == 0 and args.record:

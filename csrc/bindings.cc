@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -117,6 +118,17 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
+      .def("large_operations_as_messages",
+           [](Engine& e) {
+             std::map<std::size_t, bool> decided;
+             {
+               py::gil_scoped_release release;  // waits for a running operation
+               decided = e.large_operations_as_messages();
+             }
+             py::dict d;
+             for (const auto& [bytes, messages] : decided) d[py::int_(bytes)] = messages;
+             return d;
+           })
       .def_property_readonly("comm_cpu", &Engine::comm_cpu)
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly(

@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -49,16 +50,17 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   const RingTransport transport = describe_ring_transport(dup);
   const bool shared_memory = transport.shared_memory;
   const bool want_links = shared_memory && transport.ranks > 1 && config_.shm_links != 0;
-  if (want_links) {
-    if (config_.window == 0) config_.window = kShmLinkWindow;
-    if (config_.segment_bytes == 0) config_.segment_bytes = kShmLinkSegmentBytes;
-  }
-  if (config_.window == 0) config_.window = shared_memory ? kSharedMemoryWindow : kNetworkWindow;
-  if (config_.segment_bytes == 0) {
-    config_.segment_bytes = shared_memory
-                                ? shared_memory_segment_bytes(transport, config_.window)
-                                : kNetworkSegmentBytes;
-  }
+  // Each path its own segments and window (transport.h), unless the user set them.
+  message_path_.window = config_.window != 0 ? config_.window
+                         : shared_memory     ? kSharedMemoryWindow
+                                             : kNetworkWindow;
+  message_path_.segment_bytes =
+      config_.segment_bytes != 0 ? config_.segment_bytes
+      : shared_memory            ? shared_memory_segment_bytes(transport, message_path_.window)
+                                 : kNetworkSegmentBytes;
+  link_path_.window = config_.window != 0 ? config_.window : kShmLinkWindow;
+  link_path_.segment_bytes =
+      config_.segment_bytes != 0 ? config_.segment_bytes : kShmLinkSegmentBytes;
   // Polling harder while the caller waits pays over shared memory, where a segment
   // follows within microseconds. Over a network the link sets the pace and polite
   // polling already keeps up (comm_context.h).
@@ -73,8 +75,8 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
   if (want_links) {
     // Collective; every rank gets links or none, and without them MPI carries the data.
     std::string why_not;
-    links_ = ShmLinks::create(ctx_->comm(), config_.segment_bytes,
-                              std::max(config_.window, 2), &why_not);
+    links_ = ShmLinks::create(ctx_->comm(), link_path_.segment_bytes,
+                              std::max(link_path_.window, 2), &why_not);
     if (!links_ && !why_not.empty()) {
       std::fprintf(stderr,
                    "pipesgd: rank %d: no shared-memory links (%s); ring segments go as MPI "
@@ -82,6 +84,11 @@ Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
                    rank_, why_not.c_str());
     }
   }
+  link_path_.links = links_.get();
+  tune_paths_ = links_ != nullptr && config_.shm_links < 0;
+  const RingPath& shown = links_ ? link_path_ : message_path_;
+  config_.segment_bytes = shown.segment_bytes;
+  config_.window = shown.window;
   // On one node with a core per rank, each rank's comm thread gets a CPU of its own
   // (thread_sched.h: bind_comm_thread).
   if (shared_memory && transport.core_per_rank) {
@@ -181,7 +188,7 @@ void Engine::execute(Operation& op) {
   }
   try {
     ctx_->note_progress();
-    ring_allreduce(*ctx_, workspace_, op, links_.get());
+    run_on_tuned_path(op);
     op.complete();
   } catch (const OpFailure& e) {
     op.fail(e.kind(), e.what());
@@ -194,6 +201,37 @@ void Engine::execute(Operation& op) {
     op.fail(FailureKind::kMpi, message);
     poisoned_ = std::string("the engine stopped after an earlier failure: ") + message;
   }
+}
+
+std::map<std::size_t, bool> Engine::large_operations_as_messages() {
+  std::lock_guard<std::mutex> exec(exec_mutex_);
+  std::map<std::size_t, bool> out;
+  for (const auto& [bytes, path] : tuner_.decided()) out[bytes] = path == RingPathKind::kMessages;
+  return out;
+}
+
+void Engine::run_on_tuned_path(Operation& op) {
+  if (!tune_paths_) {
+    ring_allreduce(*ctx_, workspace_, op, links_ ? link_path_ : message_path_);
+    return;
+  }
+  const PathTuner::Choice choice =
+      tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
+  const auto start = std::chrono::steady_clock::now();
+  ring_allreduce(*ctx_, workspace_, op,
+                 choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!tuner_.record(choice, seconds)) return;
+  // The ring runs at its slowest rank's pace, and every rank must decide alike.
+  std::array<double, 2> mine = tuner_.totals(choice.size_class), slowest{};
+  MPI_Request req = MPI_REQUEST_NULL;
+  const int left = (rank_ + size_ - 1) % size_;
+  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), slowest.data(), 2, MPI_DOUBLE, MPI_MAX,
+                               ctx_->comm(), &req),
+                -1);
+  ctx_->wait(req, op, left, "agreeing with every rank on the faster path", false);
+  tuner_.decide(choice.size_class, slowest);
 }
 
 void Engine::comm_thread_main() {

@@ -11,15 +11,18 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
+#include "allreduce/ring.h"
 #include "allreduce/workspace.h"
 #include "comm_context.h"
 #include "env.h"
 #include "op_queue.h"
+#include "path_tuner.h"
 #include "operation.h"
 #include "shm_links.h"
 
@@ -64,6 +67,10 @@ class Engine {
   bool is_shut_down() const { return shut_down_.load(); }
   // Segments travel through shared-memory inboxes rather than MPI messages.
   bool uses_shm_links() const { return links_ != nullptr; }
+  // Large operations are timed on the links and as MPI messages, and take the faster
+  // (path_tuner.h): per size class decided so far, its smallest size in bytes and
+  // whether messages won. Empty when not tuned. Waits for a running operation.
+  std::map<std::size_t, bool> large_operations_as_messages();
   // The CPU the comm thread is bound to, or -1 (thread_sched.h: bind_comm_thread).
   int comm_cpu() const { return comm_cpu_.load(); }
 
@@ -74,6 +81,8 @@ class Engine {
   // A validated operation on `data`, not yet numbered or queued.
   std::shared_ptr<Operation> make_operation(void* data, std::size_t count, DType dtype,
                                             ReduceOp op, Compression compression) const;
+  // Runs `op` on the links or as MPI messages, as the tuner says, and teaches the tuner.
+  void run_on_tuned_path(Operation& op);
   // Gives `operation` its sequence number and queues it for the comm thread.
   std::shared_ptr<Operation> enqueue(std::shared_ptr<Operation> operation, bool caller_waits);
 
@@ -85,6 +94,10 @@ class Engine {
   std::shared_ptr<std::atomic<int>> callers_waiting_ = std::make_shared<std::atomic<int>>(0);
   std::unique_ptr<CommContext> ctx_;
   std::unique_ptr<ShmLinks> links_;
+  RingPath link_path_;     // through links_, when there are links
+  RingPath message_path_;  // as MPI messages
+  bool tune_paths_ = false;  // links, and PIPESGD_SHM_LINKS unset
+  PathTuner tuner_;          // under exec_mutex_
   Workspace workspace_;
   OpQueue queue_;
   std::atomic<std::uint64_t> next_seq_{0};

@@ -38,6 +38,7 @@ EnvConfig read_env_config() {
   c.spin_us = static_cast<int>(env_double("PIPESGD_SPIN_US", c.spin_us, 0));
   c.poll_while_waited =
       static_cast<int>(env_double("PIPESGD_POLL_WHILE_WAITED", c.poll_while_waited, 0));
+  // Unset keeps the default (-1, measure); a value given must be 0 or 1.
   c.shm_links = static_cast<int>(env_double("PIPESGD_SHM_LINKS", c.shm_links, 0, 1));
   c.comm_slice_us = static_cast<int>(env_double("PIPESGD_COMM_SLICE_US", c.comm_slice_us, 0));
   c.comm_nice = static_cast<int>(env_double("PIPESGD_COMM_NICE", c.comm_nice, -20, 19));

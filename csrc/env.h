@@ -33,8 +33,10 @@ struct EnvConfig {
   // Nice value of the comm thread (thread_sched.h); 0: the process's own.
   int comm_nice = 0;
   // Between ranks that share a node, send segments through shared-memory inboxes
-  // (shm_links.h) instead of MPI messages. 0: MPI messages (Open MPI's CMA).
-  int shm_links = 1;
+  // (shm_links.h) instead of MPI messages. 1: always; 0: never (MPI messages, Open
+  // MPI's CMA); unset (-1): the links, and large operations whichever way
+  // was faster on the first of their size (path_tuner.h).
+  int shm_links = -1;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
   // shutdown() lets in-flight operations finish for this long, then fails them.

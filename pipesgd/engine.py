@@ -134,6 +134,17 @@ class Engine:
         return bool(self._engine.shm_links)
 
     @property
+    def large_operation_paths(self) -> dict[int, str]:
+        """How large uncompressed operations travel, per size class decided so far: the
+        class's smallest size in bytes (a power of two, from 4 MiB) and "links" or
+        "messages". With shared-memory links the engine times the first few operations
+        of each class both ways and keeps the faster (docs/engine.md, "Links or
+        messages"); PIPESGD_SHM_LINKS=1 or 0 fixes one way and leaves this empty. Waits
+        for an operation that is running."""
+        return {int(b): "messages" if m else "links"
+                for b, m in self._engine.large_operations_as_messages().items()}
+
+    @property
     def config(self) -> dict[str, float]:
         """The configuration in force (read-only): the PIPESGD_* environment variables as
         read when the engine started, with the segment size and window chosen for its

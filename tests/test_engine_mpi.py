@@ -24,6 +24,16 @@ def test_allreduce_over_mpi_messages(np_: int) -> None:
     run_mpi(np_, "engine_allreduce.py", timeout=240, env={"PIPESGD_SHM_LINKS": "0"})
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_large_operations_keep_the_faster_path(np_: int) -> None:
+    out = run_mpi(np_, "path_tuning.py", "tuned", timeout=240)
+    assert "path_tuning tuned" in out.stdout
+
+
+def test_shm_links_1_keeps_every_size_on_the_links() -> None:
+    run_mpi(2, "path_tuning.py", "fixed", timeout=240, env={"PIPESGD_SHM_LINKS": "1"})
+
+
 def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
     before = {f.name for f in Path("/dev/shm").glob("pipesgd-*")}
     run_mpi(3, "engine_allreduce.py", "65536", timeout=240)

@@ -60,6 +60,16 @@ def test_kernels_under_sanitizers(sanitized_build: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_path_tuner_under_sanitizers(sanitized_build: Path) -> None:
+    exe = sanitized_build / "test_path_tuner"
+    if not exe.exists():
+        pytest.fail("test_path_tuner was not built")
+    result = subprocess.run(
+        [str(exe)], env=mpi_env(SAN_ENV), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("np_", [1, 2, 3])
 def test_ring_under_sanitizers(sanitized_build: Path, np_: int) -> None:
     # MPI's own allocations are not ours to judge: leak detection is off.

@@ -102,19 +102,19 @@ struct Unit {
 
 class RingRun {
  public:
-  RingRun(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links)
+  RingRun(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path)
       : ctx_(ctx),
         ws_(ws),
         op_(op),
-        links_(links),
+        links_(path.links),
         p_(ctx.size()),
         rank_(ctx.rank()),
         left_((rank_ - 1 + p_) % p_),
         right_((rank_ + 1) % p_),
         elem_(dtype_size(op.dtype)),
         codec_(make_wire_codec(op.compression)),
-        layout_(op.count, p_, rank_, std::max<std::size_t>(1, ctx.config().segment_bytes / elem_)),
-        window_(std::max(1, ctx.config().window)) {}
+        layout_(op.count, p_, rank_, std::max<std::size_t>(1, path.segment_bytes / elem_)),
+        window_(std::max(1, path.window)) {}
 
   void run() {
     if (links_ != nullptr) {
@@ -466,7 +466,7 @@ class RingRun {
 
 }  // namespace
 
-void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links) {
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path) {
   if (op.compression != Compression::kNone && op.dtype != DType::kFloat32) {
     throw OpFailure(FailureKind::kInvalid, std::string("compression '") +
                                                compression_name(op.compression) +
@@ -474,7 +474,7 @@ void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* li
   }
   // One rank: the sum is the data itself and the average divides by one.
   if (ctx.size() == 1) return;
-  RingRun(ctx, ws, op, links).run();
+  RingRun(ctx, ws, op, path).run();
 }
 
 }  // namespace pipesgd

@@ -2,6 +2,8 @@
 // steps, each rank sending 2(p-1)/p of the buffer. See ring.cc.
 #pragma once
 
+#include <cstddef>
+
 #include "allreduce/workspace.h"
 #include "comm_context.h"
 #include "operation.h"
@@ -9,10 +11,18 @@
 
 namespace pipesgd {
 
-// Runs `op` to completion on ctx's communicator; every rank must call it for
-// the same sequence number. `links`: the ring neighbours' shared-memory links, or
-// nullptr to send segments as MPI messages. Throws OpFailure on mismatch, abort or
-// MPI error.
-void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, ShmLinks* links);
+// How the ring moves its segments, the same on every rank: through the neighbours'
+// shared-memory links, or as MPI messages; cut into segments of `segment_bytes`,
+// `window` of them in flight (transport.h says why each transport has its own).
+struct RingPath {
+  ShmLinks* links = nullptr;  // nullptr: MPI messages
+  std::size_t segment_bytes = 0;
+  int window = 1;
+};
+
+// Runs `op` to completion on ctx's communicator along `path`; every rank must call it
+// for the same sequence number with the same path. Throws OpFailure on mismatch, abort
+// or MPI error.
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path);
 
 }  // namespace pipesgd

@@ -117,6 +117,22 @@ int main(int argc, char** argv) {
     for (auto& b : bufs) EXPECT(b[0] == want && b.back() == want, "async float64 %g != %g", b[0], want);
     engine.shutdown(-1);
 
+    // Large operations are tried on the links and as messages (path_tuner.h): every one
+    // exact and identical on all ranks, and all ranks keep the same path.
+    {
+      Engine tuned(MPI_COMM_WORLD, 0);
+      for (int i = 0; i < 8; ++i) check_float32(tuned, (5u << 20) / 4, Compression::kNone, rank);
+      const auto decided = tuned.large_operations_as_messages();
+      if (tuned.uses_shm_links()) {
+        EXPECT(decided.size() == 1 && decided.count(4u << 20) == 1, "the 4 MiB class is decided");
+      } else {
+        EXPECT(decided.empty(), "nothing is tuned without links");
+      }
+      const int mine = decided.empty() ? -1 : static_cast<int>(decided.begin()->second);
+      EXPECT(same_on_all_ranks(&mine, sizeof mine), "ranks decided differently");
+      tuned.shutdown(-1);
+    }
+
     // Mismatched counts fail on every rank instead of corrupting memory.
     if (size > 1) {
       Engine broken(MPI_COMM_WORLD, 4096);

@@ -1,0 +1,67 @@
+// Which way a large operation travels between ranks of one node, learnt from the
+// user's own operations.
+//
+// Over shared-memory links (shm_links.h) a segment is copied twice (into the
+// neighbour's inbox, then out of it or while adding) and crosses from one core's cache
+// to the other's; as MPI messages within a node it is copied once, by the kernel (Open
+// MPI's CMA), which first pins the buffer's pages. Which costs less depends on the CPU
+// and on how the buffer is backed (docs/engine.md, "Links or messages"): on an AMD EPYC
+// VM the links were twice as fast at 16 MiB; on an Intel Sapphire Rapids VM messages
+// were 1.2x faster from 8 MiB on huge-page buffers and level on 4 KiB pages, while
+// the links won below 4 MiB everywhere. So the engine times both on the operations it is
+// given and keeps the faster. Results do not depend on the choice: both paths sum every
+// element in the same order (ring_layout.h does not depend on the segment size).
+//
+// Per size class (operations of [2^k, 2^(k+1)) bytes from kTunedFromBytes, uncompressed),
+// the first kWarmupsPerPath operations on each path are not timed, the next
+// kTimedPerPath on each path are, interleaved; then the ranks agree on the slowest
+// rank's totals and the class keeps the faster path for good. Everything else takes the
+// links.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+
+namespace pipesgd {
+
+enum class RingPathKind : int { kLinks = 0, kMessages = 1 };
+
+class PathTuner {
+ public:
+  static constexpr std::size_t kTunedFromBytes = 4u << 20;
+  static constexpr int kWarmupsPerPath = 1;
+  static constexpr int kTimedPerPath = 2;  // even: see choose()
+
+  struct Choice {
+    RingPathKind path = RingPathKind::kLinks;
+    int size_class = -1;  // -1: not tuned (small, or compressed)
+    bool timed = false;   // time it and pass the seconds to record()
+  };
+
+  // The path for an operation of `bytes` (before compression). Every rank asks with the
+  // same operations in the same order and gets the same answers.
+  Choice choose(std::size_t bytes, bool compressed) const;
+  // Counts the operation choose() was asked for, with its seconds on this rank when
+  // timed. Returns true when its class has had all its trials: the caller then finds
+  // the slowest rank's totals (totals(), an allreduce with MAX) and calls decide().
+  bool record(const Choice& choice, double seconds);
+  // This rank's timed seconds of a class, per path.
+  std::array<double, 2> totals(int size_class) const;
+  void decide(int size_class, const std::array<double, 2>& slowest_totals);
+
+  // The decided classes: 2^k (bytes) and the path kept.
+  std::map<std::size_t, RingPathKind> decided() const;
+
+ private:
+  struct ClassState {
+    int trials = 0;  // operations counted so far
+    std::array<double, 2> seconds{0.0, 0.0};
+    bool decided = false;
+    RingPathKind path = RingPathKind::kLinks;
+  };
+  static constexpr int kTrials = 2 * (kWarmupsPerPath + kTimedPerPath);
+  std::map<int, ClassState> classes_;
+};
+
+}  // namespace pipesgd

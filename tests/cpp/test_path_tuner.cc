@@ -1,0 +1,89 @@
+// The path tuner's decisions, without MPI: which operations are tried on which path,
+// which are timed, and that the slowest rank's totals decide (path_tuner.h).
+#include <cstdio>
+#include <cstdlib>
+
+#include "path_tuner.h"
+
+using namespace pipesgd;
+
+namespace {
+
+int failures = 0;
+
+#define EXPECT(cond, what)                                              \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, what); \
+      ++failures;                                                       \
+    }                                                                   \
+  } while (0)
+
+constexpr std::size_t kMiB = 1u << 20;
+constexpr RingPathKind L = RingPathKind::kLinks;
+constexpr RingPathKind M = RingPathKind::kMessages;
+
+// Runs a class's trials, each path taking `links_s` / `messages_s` per operation, and
+// returns the totals this rank would send to the agreement.
+std::array<double, 2> run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
+                                 double messages_s) {
+  const RingPathKind order[] = {L, M, L, M, M, L};
+  const bool timed[] = {false, false, true, true, true, true};
+  int k = 0;
+  for (; k < 6; ++k) {
+    const PathTuner::Choice c = tuner.choose(bytes, false);
+    EXPECT(c.path == order[k], "trial order is warm-ups L M, then L M M L");
+    EXPECT(c.timed == timed[k], "warm-ups are not timed");
+    const bool last = tuner.record(c, c.path == L ? links_s : messages_s);
+    EXPECT(last == (k == 5), "the class is complete after its sixth trial");
+    if (last) return tuner.totals(c.size_class);
+  }
+  return {0.0, 0.0};
+}
+
+}  // namespace
+
+int main() {
+  {
+    PathTuner tuner;
+    // Small and compressed operations are never tried as messages.
+    for (int i = 0; i < 10; ++i) {
+      const PathTuner::Choice small = tuner.choose(4 * kMiB - 1, false);
+      EXPECT(small.path == L && small.size_class < 0 && !small.timed, "small: links");
+      EXPECT(!tuner.record(small, 1.0), "small operations are not counted");
+      const PathTuner::Choice packed = tuner.choose(64 * kMiB, true);
+      EXPECT(packed.path == L && packed.size_class < 0, "compressed: links");
+      tuner.record(packed, 1.0);
+    }
+    EXPECT(tuner.decided().empty(), "nothing decided");
+  }
+  {
+    PathTuner tuner;
+    // Messages twice as fast: after the trials every operation of the class goes as
+    // messages, untimed; 5 and 7.9 MiB are the 4 MiB class, 8 MiB is another.
+    const std::array<double, 2> totals = run_trials(tuner, 5 * kMiB, 2.0, 1.0);
+    EXPECT(totals[0] == 4.0 && totals[1] == 2.0, "only the timed trials count");
+    tuner.decide(22, totals);
+    const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
+    EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
+    EXPECT(!tuner.record(after, 9.0), "a decided class learns nothing more");
+    EXPECT(tuner.choose(8 * kMiB, false).path == L, "the 8 MiB class starts its own trials");
+    const auto decided = tuner.decided();
+    EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
+           "decided() names the 4 MiB class");
+  }
+  {
+    PathTuner tuner;
+    // This rank found the messages faster, but the slowest rank's totals decide.
+    run_trials(tuner, 16 * kMiB, 2.0, 1.0);
+    tuner.decide(24, {3.0, 5.0});
+    EXPECT(tuner.choose(16 * kMiB, false).path == L, "the slowest rank's totals decide");
+    // A tie keeps the links.
+    PathTuner tied;
+    run_trials(tied, 16 * kMiB, 1.0, 1.0);
+    tied.decide(24, {2.0, 2.0});
+    EXPECT(tied.choose(16 * kMiB, false).path == L, "a tie keeps the links");
+  }
+  std::printf("test_path_tuner: %d failures\n", failures);
+  return failures == 0 ? 0 : 1;
+}

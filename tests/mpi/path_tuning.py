@@ -1,0 +1,45 @@
+"""Large operations are timed over the shared-memory links and as MPI messages, and keep
+the faster path (csrc/path_tuner.h); results never depend on the path.
+
+Every operation, on trial or decided, must equal MPI's own Allreduce exactly (integer
+values keep every partial sum exact) and be bitwise identical on every rank; all ranks
+must keep the same path per size class. Usage: path_tuning.py tuned|fixed
+"""
+
+import hashlib
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import pipesgd
+
+comm = MPI.COMM_WORLD
+mode = sys.argv[1]
+engine = pipesgd.Engine(comm)
+assert engine.shm_links, "this test is about ranks that share a node"
+
+SIZES = [5 << 20, 9 << 20, 1 << 20]  # two tuned classes (4 and 8 MiB), one small
+for nbytes in SIZES:
+    for i in range(8):
+        rng = np.random.default_rng(1000 * comm.rank + i)
+        a = rng.integers(-50, 50, nbytes // 4).astype(np.float32)
+        expect = np.empty_like(a)
+        comm.Allreduce(a, expect, op=MPI.SUM)
+        engine.allreduce(a, op="sum")
+        assert np.array_equal(a, expect), f"{nbytes} bytes, operation {i}: differs from MPI"
+        assert len(set(comm.allgather(hashlib.sha256(a.tobytes()).hexdigest()))) == 1, (
+            f"{nbytes} bytes, operation {i}: ranks differ")
+    # Compressed operations keep to the links and are never tried as messages.
+    engine.allreduce(np.ones(nbytes // 4, np.float32), compression="quant8")
+
+paths = engine.large_operation_paths
+if mode == "tuned":
+    assert set(paths) == {4 << 20, 8 << 20}, paths
+    assert set(paths.values()) <= {"links", "messages"}, paths
+else:  # PIPESGD_SHM_LINKS=1: one path for every size
+    assert paths == {}, paths
+assert len(set(map(str, comm.allgather(sorted(paths.items()))))) == 1, "ranks chose differently"
+engine.shutdown()
+if comm.rank == 0:
+    print(f"path_tuning {mode}: {paths}")
