@@ -84,3 +84,33 @@ def test_cli_pipelines_a_model_named_by_module_and_function(tmp_path):
                              capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
                              timeout=120)
     assert missing.returncode != 0 and "needs --input-shape" in missing.stdout + missing.stderr
+
+
+def test_cli_stops_with_a_clear_error_when_the_loss_diverges(tmp_path):
+    import subprocess
+
+    # A learning rate far too large: the loss overflows within the epoch.
+    cmd = [*mpirun_command(2), sys.executable, "-m", "pipesgd.cli", "pipeline",
+           "--model", "mlp", "--epochs", "3", "--steps", "20", "--micro-batch", "8",
+           "--lr", "1e4", "--save", str(tmp_path / "ck"), "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                          timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "diverged at --lr 10000" in out and "epoch 0" in out, out
+    assert "epoch 1" not in out, "every rank stops after the first diverged epoch"
+    assert not (tmp_path / "ck").exists(), "a diverged epoch is not checkpointed"
+
+
+def test_cli_learning_rate_defaults_per_model():
+    import argparse
+
+    from pipesgd.pipeline.cli import DEFAULT_LR, diverged, learning_rate
+
+    assert learning_rate(argparse.Namespace(lr=None, model="mlp")) == DEFAULT_LR["mlp"]
+    assert learning_rate(argparse.Namespace(lr=None, model="cnn")) == DEFAULT_LR["cnn"]
+    assert learning_rate(argparse.Namespace(lr=None, model="m.py:f")) == DEFAULT_LR["cnn"]
+    assert learning_rate(argparse.Namespace(lr=0.3, model="cnn")) == 0.3
+    assert diverged(2.3, 0, 0.05) is None
+    assert "lower it (say --lr 0.01)" in diverged(float("nan"), 4, 0.05)
+    assert "became inf in epoch 2" in diverged(float("inf"), 2, 0.05)
