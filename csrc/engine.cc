@@ -217,11 +217,11 @@ void Engine::run_on_tuned_path(Operation& op) {
   }
   const PathTuner::Choice choice =
       tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
-  const auto start = std::chrono::steady_clock::now();
-  ring_allreduce(*ctx_, workspace_, op,
-                 choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
+  // Timed from the neighbour's header on: a peer that starts late (compute skew in a
+  // training loop) says nothing about the path.
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ring_allreduce(*ctx_, workspace_, op,
+                     choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
   if (!tuner_.record(choice, seconds)) return;
   // The ring runs at its slowest rank's pace, and every rank must decide alike.
   std::array<double, 2> mine = tuner_.totals(choice.size_class), slowest{};
