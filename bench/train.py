@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -263,7 +262,7 @@ def main() -> int:
     ap.add_argument("--ddp-bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     ap.add_argument("--tag", default="", help="suffix for the result file names")
     ap.add_argument("--comm-nice", type=int, default=-10,
-                    help="PIPESGD_COMM_NICE for the comm thread (0: the process's own; "
+                    help="nice value of the engine's comm thread (0: the process's own; "
                          "below 0 needs root or CAP_SYS_NICE, else ignored)")
     ap.add_argument("--nchw", action="store_true",
                     help="run the CNN in the default NCHW layout instead of channels_last")
@@ -277,8 +276,7 @@ def main() -> int:
     torch.set_num_threads(1)
     # Ranks share cores here: at a lower nice the comm thread gets its core back from
     # a compute thread sooner, so a ring step waits less (BENCHMARKS.md, training).
-    os.environ["PIPESGD_COMM_NICE"] = str(args.comm_nice)
-    pipesgd.init(comm)
+    pipesgd.init(comm, comm_nice=args.comm_nice)
     if "ddp" in configs:
         init_gloo(comm)
     rate = link_rate_bps()

@@ -14,7 +14,7 @@
 
 #include "dtype.h"
 #include "engine.h"
-#include "env.h"
+#include "engine_config.h"
 #include "operation.h"
 
 namespace py = pybind11;
@@ -31,7 +31,7 @@ MPI_Comm communicator_from(const py::object& comm) {
   return *handle;
 }
 
-py::dict config_dict(const EnvConfig& c) {
+py::dict config_dict(const EngineConfig& c) {
   py::dict d;
   d["segment_bytes"] = c.segment_bytes;
   d["window"] = c.window;
@@ -57,8 +57,9 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "env_config", [] { return config_dict(read_env_config()); },
-      "The PIPESGD_* environment variables as the engine reads them (0 where chosen per "
-      "transport); ValueError naming the variable if one is malformed.");
+      "The configuration an engine would start from: the defaults with the five PIPESGD_* "
+      "environment variables applied (0 where chosen per transport); ValueError naming a "
+      "malformed variable.");
 
   py::enum_<FailureKind>(m, "FailureKind")
       .value("NONE", FailureKind::kNone)
@@ -82,12 +83,20 @@ PYBIND11_MODULE(_C, m) {
                              [](const Operation& op) { return std::string(op.phase.load()); });
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init([](const py::object& comm, std::size_t segment_bytes, int window) {
+      .def(py::init([](const py::object& comm, std::size_t segment_bytes, int window,
+                       int comm_nice, int comm_slice_us, int poll_max_us,
+                       bool poll_while_waited) {
              MPI_Comm c = communicator_from(comm);
+             const EngineOptions options{segment_bytes, window,      comm_nice,
+                                         comm_slice_us, poll_max_us, poll_while_waited};
              py::gil_scoped_release release;
-             return std::make_unique<Engine>(c, segment_bytes, window);
+             return std::make_unique<Engine>(c, options);
            }),
-           py::arg("comm"), py::arg("segment_bytes") = 0, py::arg("window") = 0)
+           py::arg("comm"), py::arg("segment_bytes") = 0, py::arg("window") = 0,
+           py::arg("comm_nice") = EngineOptions{}.comm_nice,
+           py::arg("comm_slice_us") = EngineOptions{}.comm_slice_us,
+           py::arg("poll_max_us") = EngineOptions{}.poll_max_us,
+           py::arg("poll_while_waited") = EngineOptions{}.poll_while_waited)
       .def(
           "allreduce",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,

@@ -49,7 +49,7 @@ const char* waited_polling_name(WaitedPolling polling) {
   return "sleep";
 }
 
-CommContext::CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory,
+CommContext::CommContext(MPI_Comm comm, const EngineConfig& config, bool shared_memory,
                          bool core_per_rank,
                          std::shared_ptr<const std::atomic<int>> callers_waiting,
                          WaitedPolling while_waited)

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "env.h"
+#include "engine_config.h"
 #include "operation.h"
 #include "shm_links.h"
 
@@ -67,7 +67,7 @@ class CommContext {
   // `core_per_rank`: every rank of the node has a core of its own.
   // `callers_waiting`: how many threads are blocked waiting for an operation; while
   // any is, polling does `while_waited` instead of sleeping.
-  CommContext(MPI_Comm comm, const EnvConfig& config, bool shared_memory, bool core_per_rank,
+  CommContext(MPI_Comm comm, const EngineConfig& config, bool shared_memory, bool core_per_rank,
               std::shared_ptr<const std::atomic<int>> callers_waiting,
               WaitedPolling while_waited);
   ~CommContext();
@@ -77,7 +77,7 @@ class CommContext {
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  const EnvConfig& config() const { return config_; }
+  const EngineConfig& config() const { return config_; }
   WaitedPolling while_waited() const { return while_waited_; }
 
   // Tags: per sequence number (mod the tag range) one header tag and one data
@@ -158,7 +158,7 @@ class CommContext {
   int size_ = 1;
   int tag_period_ = 1;
   int tags_per_op_ = 3;
-  EnvConfig config_;
+  EngineConfig config_;
   bool shared_memory_;
   bool core_per_rank_;
   std::shared_ptr<const std::atomic<int>> callers_waiting_;

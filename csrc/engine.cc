@@ -26,10 +26,7 @@ const char* thread_level_name(int level) {
 
 }  // namespace
 
-Engine::Engine(MPI_Comm comm, std::size_t segment_bytes, int window)
-    : config_(read_env_config()) {
-  if (segment_bytes != 0) config_.segment_bytes = segment_bytes;
-  if (window != 0) config_.window = window;
+Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_config(options)) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) throw std::runtime_error("pipesgd: MPI is not initialized");

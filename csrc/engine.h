@@ -20,7 +20,7 @@
 #include "allreduce/ring.h"
 #include "allreduce/workspace.h"
 #include "comm_context.h"
-#include "env.h"
+#include "engine_config.h"
 #include "op_queue.h"
 #include "path_tuner.h"
 #include "operation.h"
@@ -30,9 +30,11 @@ namespace pipesgd {
 
 class Engine {
  public:
-  // Collective over `comm` (it is duplicated). segment_bytes or window == 0: from the
-  // environment, else chosen per transport.
-  Engine(MPI_Comm comm, std::size_t segment_bytes, int window = 0);
+  // Collective over `comm` (it is duplicated). Throws std::invalid_argument naming an
+  // option out of range or a malformed PIPESGD_* variable (engine_config.h).
+  Engine(MPI_Comm comm, const EngineOptions& options);
+  Engine(MPI_Comm comm, std::size_t segment_bytes, int window = 0)
+      : Engine(comm, EngineOptions{segment_bytes, window}) {}
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -61,8 +63,9 @@ class Engine {
   int size() const { return size_; }
   std::size_t segment_bytes() const { return config_.segment_bytes; }
   int window() const { return config_.window; }
-  // The configuration in force: the environment's, with what was chosen per transport.
-  const EnvConfig& config() const { return config_; }
+  // The configuration in force: the options and the environment's, with what was chosen
+  // per transport.
+  const EngineConfig& config() const { return config_; }
   WaitedPolling polling_while_waited() const { return ctx_->while_waited(); }
   bool is_shut_down() const { return shut_down_.load(); }
   // Segments travel through shared-memory inboxes rather than MPI messages.
@@ -86,7 +89,7 @@ class Engine {
   // Gives `operation` its sequence number and queues it for the comm thread.
   std::shared_ptr<Operation> enqueue(std::shared_ptr<Operation> operation, bool caller_waits);
 
-  EnvConfig config_;
+  EngineConfig config_;
   int rank_ = 0;
   int size_ = 1;
   // Threads blocked in an operation's wait(); while there are any, the comm thread

@@ -86,18 +86,28 @@ class Engine:
 
     Args:
         comm: an mpi4py communicator (default `MPI.COMM_WORLD`).
-        segment_bytes: bytes per ring segment, the same on every rank (default
-            `PIPESGD_SEGMENT_BYTES`, else 256 KiB over shared-memory links, 60 KiB over
-            a network and, with MPI messages over shared memory, L2 / window within
-            [256 KiB, 1 MiB] with a core per rank, 1 MiB without).
+        segment_bytes: bytes per ring segment, the same on every rank (default: 256 KiB
+            over shared-memory links, 60 KiB over a network and, with MPI messages over
+            shared memory, L2 / window within [256 KiB, 1 MiB] with a core per rank,
+            1 MiB without).
         window: ring receives posted ahead of the one being reduced, or slots of a
-            shared-memory inbox (default `PIPESGD_RING_WINDOW`, else 4 over
-            shared-memory links, 2 with MPI messages on shared memory and 8 over a
-            network).
+            shared-memory inbox (default: 4 over shared-memory links, 2 with MPI
+            messages on shared memory and 8 over a network).
+        comm_nice: nice value of the comm thread (0: the process's own). Below 0 it
+            gets its core back from a compute thread sooner where ranks share cores;
+            that needs root or CAP_SYS_NICE, and is ignored without.
+        comm_slice_us: scheduler slice the comm thread asks for (Linux 6.12+'s EEVDF;
+            0: the kernel's default).
+        poll_max_us: while segments stream in over a slow link, the comm thread's sleep
+            between tests doubles from PIPESGD_POLL_US up to this.
+        poll_while_waited: while a thread waits on an operation over shared memory,
+            poll without sleeping (spin with a core per rank, else `sched_yield`);
+            False always sleeps between tests.
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
-                 window: int | None = None) -> None:
+                 window: int | None = None, *, comm_nice: int = 0, comm_slice_us: int = 100,
+                 poll_max_us: int = 200, poll_while_waited: bool = True) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise ValueError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
@@ -105,7 +115,10 @@ class Engine:
             raise ValueError(f"segment_bytes must be at least 64, got {segment_bytes}")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        self._engine = _C.Engine(comm, int(segment_bytes or 0), int(window or 0))
+        self._engine = _C.Engine(comm, int(segment_bytes or 0), int(window or 0),
+                                 comm_nice=comm_nice, comm_slice_us=comm_slice_us,
+                                 poll_max_us=poll_max_us,
+                                 poll_while_waited=bool(poll_while_waited))
         self._inflight: dict[int, tuple[_C.Operation, BufferView]] = {}
         self._lock = threading.Lock()
         _live_engines.add(self)
@@ -124,7 +137,7 @@ class Engine:
 
     @property
     def window(self) -> int:
-        """Ring receives posted ahead of the one being reduced (PIPESGD_RING_WINDOW)."""
+        """Ring receives posted ahead of the one being reduced, or inbox slots."""
         return int(self._engine.window)
 
     @property
@@ -146,9 +159,9 @@ class Engine:
 
     @property
     def config(self) -> dict[str, float]:
-        """The configuration in force (read-only): the PIPESGD_* environment variables as
-        read when the engine started, with the segment size and window chosen for its
-        transport filled in."""
+        """The configuration in force (a copy): the constructor's options and the PIPESGD_*
+        environment variables as read when the engine started, with the segment size and
+        window chosen for its transport filled in."""
         return dict(self._engine.config)
 
     @property
@@ -163,7 +176,7 @@ class Engine:
     @property
     def polling_while_waited(self) -> str:
         """How the comm thread polls MPI messages while a thread of this process is blocked
-        in `Handle.wait` (PIPESGD_POLL_WHILE_WAITED=0 turns both off). Over shared-memory
+        in `Handle.wait` (`poll_while_waited=False` turns both off). Over shared-memory
         links (`shm_links`) waits sleep on the inbox's doorbell instead (docs/engine.md).
 
         - ``"spin"``: over shared memory with a core per rank on the node. The waiting
@@ -236,8 +249,10 @@ class Engine:
 _default: Engine | None = None
 
 
-def init(comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> Engine:
-    """Start the default engine on `comm` (default COMM_WORLD). Idempotent."""
+def init(comm: MPI.Comm | None = None, segment_bytes: int | None = None,
+         **options: Any) -> Engine:
+    """Start the default engine on `comm` (default COMM_WORLD), with `Engine`'s keyword
+    options (`window`, `comm_nice`, ...). Idempotent."""
     global _default
     if _default is not None and not _default._engine.is_shut_down:
         if comm is not None and _default_comm is not comm:
@@ -247,7 +262,7 @@ def init(comm: MPI.Comm | None = None, segment_bytes: int | None = None) -> Engi
             )
         return _default
     _set_default_comm(comm)
-    _default = Engine(comm, segment_bytes)
+    _default = Engine(comm, segment_bytes, **options)
     return _default
 
 

@@ -81,11 +81,13 @@ def test_window_validated(window) -> None:
         pipesgd.Engine(window=window)
 
 
-def test_window_argument_overrides_environment(monkeypatch) -> None:
+def test_segment_and_window_are_arguments_not_environment(monkeypatch) -> None:
+    # Only five PIPESGD_* variables are read (engine_config.h); these are not among them.
     monkeypatch.setenv("PIPESGD_RING_WINDOW", "5")
+    monkeypatch.setenv("PIPESGD_SEGMENT_BYTES", "4096")
     e = pipesgd.Engine(window=3)
     try:
-        assert e.window == 3
+        assert e.window == 3 and e.segment_bytes != 4096
     finally:
         e.shutdown()
 
@@ -105,22 +107,21 @@ def l2_share(window: int) -> int:
 
 
 @pytest.mark.parametrize(
-    ("env", "segment_bytes", "window"),
+    ("env", "args", "segment_bytes", "window"),
     [
-        ({}, l2_share(2), 2),                                # ring neighbours share memory
-        ({"PIPESGD_RING_WINDOW": "4"}, l2_share(4), 4),
-        ({"OMPI_MCA_btl": "self,tcp"}, 60 * 1024, 8),        # MPI told to use the network
-        ({"OMPI_MCA_btl": "^sm", "PIPESGD_RING_WINDOW": "3"}, 60 * 1024, 3),
-        ({"PIPESGD_SEGMENT_BYTES": "4096"}, 4096, 2),
+        ({}, {}, l2_share(2), 2),                             # ring neighbours share memory
+        ({}, {"window": 4}, l2_share(4), 4),
+        ({"OMPI_MCA_btl": "self,tcp"}, {}, 60 * 1024, 8),     # MPI told to use the network
+        ({"OMPI_MCA_btl": "^sm"}, {"window": 3}, 60 * 1024, 3),
+        ({}, {"segment_bytes": 4096}, 4096, 2),
     ],
 )
-def test_segment_and_window_follow_the_transport(monkeypatch, env, segment_bytes,
+def test_segment_and_window_follow_the_transport(monkeypatch, env, args, segment_bytes,
                                                  window) -> None:
-    for name in ("OMPI_MCA_btl", "PIPESGD_RING_WINDOW", "PIPESGD_SEGMENT_BYTES"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OMPI_MCA_btl", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    e = pipesgd.Engine()
+    e = pipesgd.Engine(**args)
     try:
         assert (e.segment_bytes, e.window) == (segment_bytes, window)
     finally:
@@ -128,20 +129,19 @@ def test_segment_and_window_follow_the_transport(monkeypatch, env, segment_bytes
 
 
 @pytest.mark.parametrize(
-    ("env", "polling"),
+    ("env", "args", "polling"),
     [
-        ({}, "spin"),                                # one rank, shared memory
-        ({"PIPESGD_POLL_WHILE_WAITED": "0"}, "sleep"),
-        ({"OMPI_MCA_btl": "self,tcp"}, "sleep"),     # a network sets the pace
+        ({}, {}, "spin"),                                # one rank, shared memory
+        ({}, {"poll_while_waited": False}, "sleep"),
+        ({"OMPI_MCA_btl": "self,tcp"}, {}, "sleep"),     # a network sets the pace
     ],
 )
-def test_polling_while_waited_follows_transport_and_environment(monkeypatch, env,
-                                                                polling) -> None:
-    for name in ("OMPI_MCA_btl", "PIPESGD_POLL_WHILE_WAITED"):
-        monkeypatch.delenv(name, raising=False)
+def test_polling_while_waited_follows_transport_and_argument(monkeypatch, env, args,
+                                                             polling) -> None:
+    monkeypatch.delenv("OMPI_MCA_btl", raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    e = pipesgd.Engine()
+    e = pipesgd.Engine(**args)
     try:
         assert e.polling_while_waited == polling
         t = np.arange(10, dtype=np.float32)
@@ -178,10 +178,10 @@ def _comm_threads() -> list[Path]:
             if (task / "comm").read_text().strip() == "pipesgd-comm"]
 
 
-def _new_comm_thread(read: Callable[[Path], T]) -> T:
+def _new_comm_thread(read: Callable[[Path], T], **options: int) -> T:
     """`read` of the task folder of a new engine's comm thread, while it runs."""
     before = {task.name for task in _comm_threads()}
-    e = pipesgd.Engine()
+    e = pipesgd.Engine(**options)
     try:
         e.allreduce(np.ones(4, np.float32))  # the thread has started and tuned itself
         new = {task.name: read(task) for task in _comm_threads() if task.name not in before}
@@ -191,12 +191,13 @@ def _new_comm_thread(read: Callable[[Path], T]) -> T:
     return next(iter(new.values()))
 
 
-def _new_comm_thread_slice() -> int | None:
-    return _new_comm_thread(_slice_ns)
+def _new_comm_thread_slice(**options: int) -> int | None:
+    return _new_comm_thread(_slice_ns, **options)
 
 
-def _new_comm_thread_nice() -> int:
-    return _new_comm_thread(lambda task: os.getpriority(os.PRIO_PROCESS, int(task.name)))
+def _new_comm_thread_nice(**options: int) -> int:
+    return _new_comm_thread(lambda task: os.getpriority(os.PRIO_PROCESS, int(task.name)),
+                            **options)
 
 
 def _own_slice() -> int | None:
@@ -204,29 +205,24 @@ def _own_slice() -> int | None:
 
 
 @pytest.mark.skipif(_own_slice() is None, reason="no EEVDF slices here (Linux < 6.6)")
-def test_comm_thread_asks_for_a_short_slice(monkeypatch) -> None:
+def test_comm_thread_asks_for_a_short_slice() -> None:
     kernel_default = _own_slice()
     assert kernel_default != 100_000
     assert _new_comm_thread_slice() == 100_000
-    monkeypatch.setenv("PIPESGD_COMM_SLICE_US", "250")
-    assert _new_comm_thread_slice() == 250_000
-    monkeypatch.setenv("PIPESGD_COMM_SLICE_US", "0")
-    assert _new_comm_thread_slice() == kernel_default
+    assert _new_comm_thread_slice(comm_slice_us=250) == 250_000
+    assert _new_comm_thread_slice(comm_slice_us=0) == kernel_default
 
 
-def test_comm_thread_nice(monkeypatch) -> None:
+def test_comm_thread_nice() -> None:
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    assert _new_comm_thread_nice() == own  # unset: the process's nice
+    assert _new_comm_thread_nice() == own  # 0: the process's nice
     raised = 5 if own < 5 else 19  # raising nice needs no privilege
-    monkeypatch.setenv("PIPESGD_COMM_NICE", str(raised))
-    assert _new_comm_thread_nice() == raised
+    assert _new_comm_thread_nice(comm_nice=raised) == raised
     assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the calling thread keeps its own
     if os.geteuid() == 0:  # lowering it needs the privilege
-        monkeypatch.setenv("PIPESGD_COMM_NICE", "-5")
-        assert _new_comm_thread_nice() == -5
-    monkeypatch.setenv("PIPESGD_COMM_NICE", "20")
-    with pytest.raises(ValueError, match=r"PIPESGD_COMM_NICE='20'.*\[-20"):
-        pipesgd.Engine()
+        assert _new_comm_thread_nice(comm_nice=-5) == -5
+    with pytest.raises(ValueError, match=r"comm_nice=20 is not in \[-20, 19\]"):
+        pipesgd.Engine(comm_nice=20)
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ struct Header {
   std::int32_t op;
   std::int32_t compression;
   std::int32_t rank;
-  std::uint64_t segment_elems;  // ranks must cut segments alike (PIPESGD_SEGMENT_BYTES)
+  std::uint64_t segment_elems;  // ranks must cut segments alike (segment_bytes)
 };
 
 Header make_header(const Operation& op, int rank, std::size_t segment_elems) {
@@ -409,7 +409,7 @@ class RingRun {
                             " bytes does not fit rank " + std::to_string(right_) +
                             "'s shared-memory slots of " +
                             std::to_string(links_->right_slot_bytes()) +
-                            " bytes; every rank must use the same PIPESGD_SEGMENT_BYTES");
+                            " bytes; every rank must create its engine with the same segment_bytes");
       }
       ShmMessage message;
       message.seq = op_.seq;

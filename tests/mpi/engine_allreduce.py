@@ -24,8 +24,7 @@ r, p = comm.rank, comm.size
 # All ranks share this node's memory: the comm thread spins while the caller waits when
 # every rank has a core, else it yields to the peer that shares its core.
 expected_polling = "spin" if p <= (os.cpu_count() or 1) else "yield"
-if "PIPESGD_POLL_WHILE_WAITED" not in os.environ:
-    assert engine.polling_while_waited == expected_polling, engine.polling_while_waited
+assert engine.polling_while_waited == expected_polling, engine.polling_while_waited
 # Segments go through shared-memory inboxes between ranks of one node, unless told not to.
 expected_links = p > 1 and os.environ.get("PIPESGD_SHM_LINKS", "1") != "0"
 assert engine.shm_links == expected_links, (engine.shm_links, expected_links)

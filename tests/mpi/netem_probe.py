@@ -7,7 +7,8 @@ Usage: netem_probe.py PATTERN NBYTES
     burst   measure the links' β and token-bucket burst as the timing model does (NBYTES
             unused); prints {"pattern", "burst_bytes", "beta"}
     wakes   an engine allreduce of NBYTES of float32, once with the comm thread's poll
-            sleep fixed at PIPESGD_POLL_US and once doubling (the default); prints
+            sleep fixed at PIPESGD_POLL_US (poll_max_us=0) and once doubling (the
+            default); prints
             {"pattern", "fixed", "doubling"}: the comm threads' wake-ups (voluntary
             context switches), summed over ranks
 
@@ -37,15 +38,12 @@ def _comm_thread_wakes() -> int:
     return total
 
 
-def _engine_wakes(comm, nbytes: int, poll_max_us: str | None) -> int:
+def _engine_wakes(comm, nbytes: int, poll_max_us: int | None) -> int:
     """Wake-ups of this rank's comm thread during one allreduce, checked against MPI's."""
     import pipesgd
 
-    if poll_max_us is None:
-        os.environ.pop("PIPESGD_POLL_MAX_US", None)
-    else:
-        os.environ["PIPESGD_POLL_MAX_US"] = poll_max_us
-    engine = pipesgd.Engine(comm)  # reads the environment
+    options = {} if poll_max_us is None else {"poll_max_us": poll_max_us}
+    engine = pipesgd.Engine(comm, **options)
     x = np.arange(nbytes // 4, dtype=np.float32) % 97 + comm.Get_rank()
     expect = np.empty_like(x)
     comm.Allreduce(x, expect, op=MPI.SUM)
@@ -81,7 +79,7 @@ def main() -> int:
                   flush=True)
         return 0
     if pattern == "wakes":
-        fixed = comm.reduce(_engine_wakes(comm, nbytes, os.environ.get("PIPESGD_POLL_US", "50")))
+        fixed = comm.reduce(_engine_wakes(comm, nbytes, 0))  # no growth above poll_us
         doubling = comm.reduce(_engine_wakes(comm, nbytes, None))
         if rank == 0:
             print(json.dumps({"pattern": pattern, "fixed": fixed, "doubling": doubling}),

@@ -1,4 +1,4 @@
-#include "env.h"
+#include "engine_config.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -25,25 +25,39 @@ double env_double(const char* name, double fallback, double min_value,
   return value;
 }
 
+void check_range(const char* name, int value, int min_value, int max_value) {
+  if (value < min_value || value > max_value) {
+    throw std::invalid_argument(std::string(name) + "=" + std::to_string(value) +
+                                " is not in [" + std::to_string(min_value) + ", " +
+                                std::to_string(max_value) + "]");
+  }
+}
+
 }  // namespace
 
-EnvConfig read_env_config() {
-  EnvConfig c;
-  c.segment_bytes = static_cast<std::size_t>(
-      env_double("PIPESGD_SEGMENT_BYTES", static_cast<double>(c.segment_bytes), 0));
-  c.window = static_cast<int>(env_double("PIPESGD_RING_WINDOW", c.window, 1));
+EngineConfig read_env_config() {
+  EngineConfig c;
   c.poll_us = static_cast<int>(env_double("PIPESGD_POLL_US", c.poll_us, 0));
-  c.poll_max_us = static_cast<int>(env_double("PIPESGD_POLL_MAX_US", c.poll_max_us, 0));
-  c.poll_max_us = std::max(c.poll_max_us, c.poll_us);  // a ceiling below the floor: no growth
   c.spin_us = static_cast<int>(env_double("PIPESGD_SPIN_US", c.spin_us, 0));
-  c.poll_while_waited =
-      static_cast<int>(env_double("PIPESGD_POLL_WHILE_WAITED", c.poll_while_waited, 0));
   // Unset keeps the default (-1, measure); a value given must be 0 or 1.
   c.shm_links = static_cast<int>(env_double("PIPESGD_SHM_LINKS", c.shm_links, 0, 1));
-  c.comm_slice_us = static_cast<int>(env_double("PIPESGD_COMM_SLICE_US", c.comm_slice_us, 0));
-  c.comm_nice = static_cast<int>(env_double("PIPESGD_COMM_NICE", c.comm_nice, -20, 19));
   c.stall_seconds = env_double("PIPESGD_STALL_SECONDS", c.stall_seconds, 0);
   c.shutdown_seconds = env_double("PIPESGD_SHUTDOWN_SECONDS", c.shutdown_seconds, 0);
+  return c;
+}
+
+EngineConfig resolve_config(const EngineOptions& options) {
+  check_range("window", options.window, 0, std::numeric_limits<int>::max());
+  check_range("comm_nice", options.comm_nice, -20, 19);
+  check_range("comm_slice_us", options.comm_slice_us, 0, std::numeric_limits<int>::max());
+  check_range("poll_max_us", options.poll_max_us, 0, std::numeric_limits<int>::max());
+  EngineConfig c = read_env_config();
+  c.segment_bytes = options.segment_bytes;
+  c.window = options.window;
+  c.comm_nice = options.comm_nice;
+  c.comm_slice_us = options.comm_slice_us;
+  c.poll_max_us = std::max(options.poll_max_us, c.poll_us);  // a ceiling below the floor: no growth
+  c.poll_while_waited = options.poll_while_waited ? 1 : 0;
   return c;
 }
 
