@@ -21,6 +21,8 @@ def test_gpipe_and_1f1b_match_single_process_references():
     for name in ("gpipe", "1f1b weight stashing", "1f1b vertical sync"):
         assert f"{name}: max |pipeline - reference|" in out, out
     assert "stashed versions measured [3, 2, 1] implied [3, 2, 1]" in out, out
+    assert "1f1b per-stage in flight [2, 2, 1]: max |pipeline - reference|" in out, out
+    assert "per-stage in flight [2, 2, 1]: stashed versions measured [2, 2, 1]" in out, out
 
 
 @pytest.mark.skipif(not engine_available(), reason="pipesgd engine not built (make build)")

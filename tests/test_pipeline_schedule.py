@@ -182,3 +182,44 @@ def test_table_marks_the_failing_action():
     table = sched.build(straight(2), 2)
     text = sched.format_table(table, {1: 2})
     assert f">{table[1][2]}<" in text and text.splitlines()[0].split() == ["step", "rank0", "rank1"]
+
+
+def test_per_stage_in_flight_sets_each_stages_warmup():
+    # MadPipe's 1F1B* counts: flat across stages 0-1, then down to 1.
+    plan = straight(3, stage_in_flight=[2, 2, 1])
+    assert plan.stage_in_flight == (2, 2, 1) and plan.noam == 2
+    compute = sched.generate(plan, 9)
+    assert [run_counts([a for a in compute[r] if a.kind in "FB"]) for r in range(3)] == \
+        [(2, 2), (2, 2), (1, 1)]
+    sched.build(plan, 9)  # lowers and passes the offline deadlock check
+    # a deeper per-stage plan than PipeDream's NOAM - s is fine too, while it never grows
+    sched.build(straight(3, stage_in_flight=[4, 3, 3]), 9)
+
+
+def test_per_stage_in_flight_that_cannot_finish_is_refused_before_running():
+    # Stage 1 waits for a second activation that stage 0 sends only after a backward.
+    with pytest.raises(DeadlockError):
+        sched.build(straight(2, stage_in_flight=[1, 2]), 6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"stage_in_flight": [2, 1]}, "every one of the 3 stages"),
+        ({"stage_in_flight": [2, 0, 1]}, r"count >= 1"),
+        ({"stage_in_flight": [3, 2, 1], "in_flight": 2}, "contradicts"),
+        ({"stage_in_flight": [3, 2, 1], "schedule": "gpipe"}, "gpipe"),
+    ],
+)
+def test_per_stage_in_flight_is_checked(kwargs, message):
+    with pytest.raises(PlanError, match=message):
+        straight(3, **kwargs)
+
+
+def test_per_stage_in_flight_round_trips_and_caps(tmp_path):
+    plan = straight(3, stage_in_flight=(3, 3, 1))
+    plan.save(tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["stage_in_flight"] == [3, 3, 1]
+    assert Plan.load(tmp_path / "plan.json") == plan
+    assert plan.at_depth(2).stage_in_flight == (2, 2, 1)
+    assert straight(3).at_depth(2).in_flight == 2

@@ -113,8 +113,12 @@ def test_hierarchy_plans_madpipe_on_one_level():
     choice = choose(prof, "2x[10GB/s], 2x[1Gbit]", "1GB", batch_size=8)
     mad = by_family(choice)["madpipe"]
     assert mad.fits and mad.plan.world_size <= 4
-    assert mad.samples_per_s == pytest.approx(
-        simulate(mad.plan, prof, "2x[10GB/s], 2x[1Gbit]").samples_per_s)
+    sim = simulate(mad.plan, prof, "2x[10GB/s], 2x[1Gbit]")
+    assert mad.samples_per_s == pytest.approx(sim.samples_per_s)
+    # The runtime keeps MadPipe's 1F1B* count on every stage, as the simulation shows.
+    counts = mad.plan.extra["one_f_one_b_star"]["in_flight"]
+    assert list(mad.plan.stage_in_flight) == counts
+    assert [s.in_flight for s in sim.stages] == counts
 
 
 # ----------------------------------------------------------------- memory

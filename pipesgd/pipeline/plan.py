@@ -7,7 +7,12 @@ the pipeline runs. It is the format a planner emits (JSON or a `Plan` object).
 `layers` is a half-open range of global layer indices. Ranks are assigned stage by
 stage: stage 0's replicas take ranks 0..r0-1, stage 1's the next r1 ranks, and so on.
 `in_flight` is PipeDream's NOAM (minibatches admitted per input-stage replica); null
-means the optimum, ceil(#workers / #input-stage replicas).
+means the optimum, ceil(#workers / #input-stage replicas). `stage_in_flight`, if given,
+sets per stage how many micro-batches a replica keeps in flight under 1F1B (its
+forwards before its first backward) instead of PipeDream's formula: MadPipe's 1F1B*
+counts (`pipesgd.planner.madpipe`), for example [3, 3, 1]. Counts that cannot finish
+(a stage keeping more than its upstream feeds it) fail the offline deadlock check
+(`schedule.build`) before anything runs.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ class Plan:
         schedule: "1f1b", "1f1b-rr" (1f1b with replicated stages) or "gpipe".
         micro_batch: samples per micro-batch (PipeDream's minibatch) sent through the pipe.
         in_flight: minibatches admitted per input-stage replica (NOAM); None = optimum.
+        stage_in_flight: per stage, micro-batches a replica keeps in flight under 1F1B;
+            None = PipeDream's count from `in_flight`.
         micro_batches_per_step: micro-batches per optimizer step. gpipe: per flush. 1f1b:
             the gradients of this many consecutive micro-batches of a replica are summed
             into one step (PipeDream-2BW's accumulation; 1 = a step per micro-batch).
@@ -57,10 +64,14 @@ class Plan:
     micro_batch: int = 8
     in_flight: int | None = None
     micro_batches_per_step: int = 1
+    stage_in_flight: tuple[int, ...] | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
+        if self.stage_in_flight is not None:
+            object.__setattr__(self, "stage_in_flight",
+                               tuple(int(c) for c in self.stage_in_flight))
         self.validate()
 
     # ----------------------------------------------------------------- construction
@@ -94,13 +105,15 @@ class Plan:
             StagePlan(int(s["layers"][0]), int(s["layers"][1]), int(s.get("replicas", 1)))
             for s in data["stages"]
         )
-        known = {"stages", "schedule", "micro_batch", "in_flight", "micro_batches_per_step"}
+        known = {"stages", "schedule", "micro_batch", "in_flight", "micro_batches_per_step",
+                 "stage_in_flight"}
         return cls(
             stages=stages,
             schedule=data.get("schedule", "1f1b"),
             micro_batch=int(data.get("micro_batch", 8)),
             in_flight=data.get("in_flight"),
             micro_batches_per_step=int(data.get("micro_batches_per_step", 1)),
+            stage_in_flight=data.get("stage_in_flight"),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -123,6 +136,14 @@ class Plan:
     def replace(self, **changes) -> Plan:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    def at_depth(self, depth: int) -> Plan:
+        """A copy admitting at most `depth` micro-batches per input-stage replica: NOAM
+        `depth`, or every per-stage count capped at `depth`."""
+        if self.stage_in_flight is not None:
+            return self.replace(stage_in_flight=tuple(min(c, depth)
+                                                      for c in self.stage_in_flight))
+        return self.replace(in_flight=depth)
 
     # ----------------------------------------------------------------- validation
     def validate(self, num_layers: int | None = None) -> None:
@@ -157,6 +178,22 @@ class Plan:
             raise PlanError(f"micro_batch must be >= 1, got {self.micro_batch}")
         if self.in_flight is not None and self.in_flight < 1:
             raise PlanError(f"in_flight must be >= 1 or null, got {self.in_flight}")
+        if self.stage_in_flight is not None:
+            counts = self.stage_in_flight
+            if len(counts) != len(self.stages) or min(counts) < 1:
+                raise PlanError(
+                    f"stage_in_flight must give every one of the {len(self.stages)} stages a "
+                    f"count >= 1, got {list(counts)}; e.g. "
+                    f"{list(range(len(self.stages), 0, -1))}"
+                )
+            if self.schedule == "gpipe":
+                raise PlanError("stage_in_flight sets 1F1B's warm-up; gpipe keeps a whole "
+                                "step in flight: drop it or use schedule '1f1b'")
+            if self.in_flight is not None and self.in_flight != counts[0]:
+                raise PlanError(
+                    f"in_flight {self.in_flight} contradicts stage_in_flight {list(counts)}, "
+                    f"whose first count is what the input stage admits: drop in_flight"
+                )
         if self.micro_batches_per_step < 1:
             raise PlanError(
                 f"micro_batches_per_step must be >= 1, got {self.micro_batches_per_step}"
@@ -183,6 +220,8 @@ class Plan:
     @property
     def noam(self) -> int:
         """Minibatches admitted per input-stage replica (PipeDream §3.2)."""
+        if self.stage_in_flight is not None:
+            return self.stage_in_flight[0]
         if self.in_flight is not None:
             return self.in_flight
         return math.ceil(self.world_size / self.stages[0].replicas)

@@ -15,7 +15,8 @@ and raises `DeadlockError` with the table of the stuck ranks before anything run
 1F1B (PipeDream §3.2): replica r of stage s takes micro-batches i with i % replicas == r
 (1F1B-RR), runs `warmup` forwards, then alternates backward/forward, then drains. With
 W_s workers from stage s to the end, warmup = ceil((NOAM * r_0 - (W_0 - W_s)) / r_s),
-i.e. NOAM - s on a straight pipeline. An optimizer step follows every
+i.e. NOAM - s on a straight pipeline, unless the plan gives per-stage counts
+(`stage_in_flight`, MadPipe's 1F1B*). An optimizer step follows every
 `micro_batches_per_step`-th backward (1: PipeDream's step per micro-batch; more
 accumulates the gradients of consecutive micro-batches into one step, as PipeDream-2BW).
 GPipe: per step, all forwards of its micro-batches, then all backwards, then one step.
@@ -75,7 +76,10 @@ def parse_schedule(rows: dict[int, Iterable[str]]) -> Schedule:
 
 # --------------------------------------------------------------------------- generators
 def warmup_forwards(plan: Plan, stage: int) -> int:
-    """Forwards a replica of `stage` runs before its first backward under 1F1B."""
+    """Forwards a replica of `stage` runs before its first backward under 1F1B: the plan's
+    `stage_in_flight` count if it has one, else PipeDream's."""
+    if plan.stage_in_flight is not None:
+        return plan.stage_in_flight[stage]
     workers = [sum(s.replicas for s in plan.stages[i:]) for i in range(plan.num_stages)]
     admitted = plan.noam * plan.stages[0].replicas
     ahead = admitted - (workers[0] - workers[stage])

@@ -10,9 +10,10 @@ The three families, each predicted by the model that knows how it runs:
 - pipedream: `pipedream()`'s partition and replicas (schedule 1f1b-rr where a stage is
   replicated), timed by `simulate` on the topology.
 - madpipe: `madpipe()`'s memory-aware partition (only with a budget), run as the runtime
-  runs it, 1F1B with the depth (`in_flight`) of its first stage's 1F1B* count, timed by
-  `simulate`. On a hierarchy MadPipe plans one level of all the workers at the slowest
-  bandwidth (it knows one level only); the simulation then uses the real topology.
+  runs it: 1F1B with each stage keeping its 1F1B* count in flight (the plan's
+  `stage_in_flight`), timed by `simulate`. On a hierarchy MadPipe plans one level of all
+  the workers at the slowest bandwidth (it knows one level only); the simulation then
+  uses the real topology.
 - data-parallel: every worker holds the whole model; `pipesgd.timing.model.choose` ranks
   staleness x compression x overlap on a network from the topology's slowest level (a
   flat ring crosses it), or `dp_network`. Its profile is the per-layer profile's totals
@@ -248,7 +249,7 @@ def _deepest_fitting(
 
     def at(depth: int) -> SimulationResult:
         if depth not in cache:
-            cache[depth] = run(plan if depth == plan.noam else plan.replace(in_flight=depth))
+            cache[depth] = run(plan if depth == plan.noam else plan.at_depth(depth))
         return cache[depth]
 
     def fits(depth: int) -> bool:
@@ -321,8 +322,9 @@ def _madpipe(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int
         least, _ = smallest_budget(scaled, n)
         return Candidate("madpipe", 0.0, least, n, "madpipe: " + _over(least, budget)
                          + " for any partition", fits=False, least_memory_bytes=least)
+    # The runtime keeps MadPipe's 1F1B* counts per stage (its warm-up forwards).
     plan = Plan(result.stages, schedule="1f1b", micro_batch=micro_batch,
-                in_flight=result.in_flight[0], micro_batches_per_step=steps,
+                stage_in_flight=result.in_flight, micro_batches_per_step=steps,
                 extra={"planner": "madpipe",
                        "one_f_one_b_star": {"period_s": result.period_s,
                                             "in_flight": list(result.in_flight)}})

@@ -49,14 +49,17 @@ def reference_gpipe(plan, data, epochs):
     return model.state_dict()
 
 
-def reference_pipedream(plan, data, vertical):
+def reference_pipedream(plan, data, vertical, warmups=None):
     """w_s^(t+1) = w_s^(t) - lr * grad_s f(w_1^(t-n+1), ..., w_n^(t)) (vertical: all t-n+1).
 
     With m = micro_batches_per_step > 1, update j of every stage applies the mean of the
     gradients of micro-batches jm .. jm+m-1, and stage s runs micro-batch t on the
-    version it had after floor((t - (n - s) + 1) / m) updates (vertical: stage 0's).
+    version it had after floor((t - w_s + 1) / m) updates (vertical: stage 0's), where
+    w_s is the stage's forwards before its first backward: n - s (PipeDream's NOAM - s)
+    unless `warmups` gives them.
     """
     n, m = plan.num_stages, plan.micro_batches_per_step
+    warm = list(warmups) if warmups is not None else [n - s for s in range(n)]
     model = MODEL.build(seed=SEED)
     of = layer_stage(plan)
     names = [k for k, _ in model.named_parameters()]
@@ -66,7 +69,7 @@ def reference_pipedream(plan, data, vertical):
     for t in range(len(data)):
         params = {}
         for s in range(n):
-            v = max(0, t - n + 1) // m if vertical else max(0, t - (n - s) + 1) // m
+            v = max(0, t - warm[0] + 1) // m if vertical else max(0, t - warm[s] + 1) // m
             for k, w in history[s][v].items():
                 params[k] = w.clone().requires_grad_(True)
         out = torch.func.functional_call(model, params, (data.inputs(0, t),))
@@ -138,6 +141,28 @@ def main():
             if per_step == 1:
                 assert implied == [S - s for s in range(S)], implied
         pipe.close()
+    # MadPipe's 1F1B* counts: each stage keeps its own number of micro-batches in flight.
+    counts = [max(1, S - 1 - s // 2) for s in range(S)]  # 3 ranks: [2, 2, 1]
+    plan = bounds.replace(schedule="1f1b", micro_batch=MB, stage_in_flight=counts)
+    pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED)
+    stats = pipe.train_epoch(data, 0)
+    got = merged(pipe)
+    if got is not None:
+        want = reference_pipedream(plan, data, False, counts)
+        compare(f"1f1b per-stage in flight {counts}", {k: v for k, v in got.items()
+                                                       if k in want}, want, 1e-5)
+        # ... which the default counts would not have matched (ten times the tolerance:
+        # only stage 0's warm-up differs, by one micro-batch).
+        other = reference_pipedream(plan.replace(stage_in_flight=None), data, False)
+        gap = max((want[k] - other[k]).abs().max().item() for k in want)
+        assert gap > 1e-4, f"per-stage and PipeDream's warm-up references agree to {gap}"
+    if comm.Get_rank() == 0:
+        table = sched.from_csv(sched.to_csv(pipe.schedule(len(data))))
+        implied = [implied_versions(table[r]) for r in range(S)]
+        print(f"per-stage in flight {counts}: stashed versions measured {stats.peak_versions} "
+              f"implied {implied}")
+        assert stats.peak_versions == implied == counts, (stats.peak_versions, implied)
+    pipe.close()
     if comm.Get_rank() == 0:
         # The two rules must be distinguishable at this tolerance, or the checks prove nothing.
         plan = bounds.replace(schedule="1f1b", micro_batch=MB)
