@@ -36,11 +36,11 @@ with (`smallest_budget`):
     slowed   the same partition given a longer 1F1B* period (replicated plans: a lower
              depth) until it fits: MadPipe's own baseline, "DP + 1F1B*".
     MadPipe  `madpipe(...)`; "no plan" below its smallest budget.
-    samples/s  `simulate` of each plan that fits, with the runtime's 1F1B (1F1B-RR for
-             replicated stages). The runtime's stage s keeps depth - s micro-batches,
-             not the 1F1B* counts, so it runs at the deepest depth whose own memory
-             (`stage_memory` with what it keeps) fits the budget, up to the depth that
-             gives every stage at least its 1F1B* count (NOAM for replicated plans).
+    samples/s  `simulate` of each plan that fits, as the runtime runs it. A straight
+             pipeline runs 1F1B with each stage keeping its 1F1B* count in flight (the
+             plan's `stage_in_flight`). A replicated plan runs 1F1B-RR, whose stage s
+             keeps about depth - s micro-batches, at the deepest depth whose memory
+             (`stage_memory` with what it keeps) fits the budget, up to NOAM.
              The table gives "simulated (1F1B*)", 1F1B* being micro-batch / period,
              the throughput MadPipe §5 reports; ratios likewise.
 
@@ -248,20 +248,19 @@ def straight_outcome(profile: ModelProfile, topology: HierarchicalTopology,
                      stages: Sequence[StagePlan], period: float, counts: list[int],
                      memory: list[float], budget: float, note: str = "") -> Outcome:
     """A pipeline without replicas whose 1F1B* counts at `period` are `counts`; when it
-    fits, run at up to the depth that gives every stage at least its 1F1B* count."""
+    fits, simulated as the runtime runs it, each stage keeping its count in flight (the
+    plan's `stage_in_flight`)."""
     fits = max(memory) <= budget * (1 + TIE)
     out = Outcome(stages=[(s.start, s.end, 1) for s in stages], in_flight=counts,
                   memory_bytes=max(memory), fits=fits, period_s=period,
                   star_samples_per_s=profile.batch_size / period, note=note)
     if fits:
         plan = Plan(tuple(StagePlan(s.start, s.end) for s in stages), schedule="1f1b",
-                    micro_batch=profile.batch_size)
-        # the runtime's stage s keeps depth - s: this depth keeps >= g_s on every stage
-        deepest = max(g + s for s, g in enumerate(counts))
-        at, sim, held = run_within(profile, topology, plan, deepest, budget)
-        out.samples_per_s, out.depth = sim.samples_per_s, at.noam
+                    micro_batch=profile.batch_size, stage_in_flight=tuple(counts))
+        sim = simulate(plan, profile, topology)
+        out.samples_per_s, out.depth = sim.samples_per_s, plan.noam
         out.runtime_in_flight = [r.in_flight for r in sim.stages]
-        out.runtime_memory_bytes = max(held)
+        out.runtime_memory_bytes = max(memories(profile, plan.stages, out.runtime_in_flight))
     return out
 
 
