@@ -116,3 +116,29 @@ def test_cli_learning_rate_defaults_per_model():
     assert diverged(2.3, 0, 0.05) is None
     assert "lower it (say --lr 0.01)" in diverged(float("nan"), 4, 0.05)
     assert "became inf in epoch 2" in diverged(float("inf"), 2, 0.05)
+
+
+def test_async_pipemare_diverges_where_lemma1_says_and_t1_rescues_it(tmp_path):
+    out = run_mpi(4, "pipeline_async.py", str(tmp_path / "ck"), timeout=240).stdout
+    assert "(async + T1)" in out and "weight sets held per stage" in out, out
+    assert "bitwise equal to the uninterrupted run" in out, out
+
+
+def test_cli_runs_async_with_t1_t2_and_a_synchronous_warmup(tmp_path):
+    import subprocess
+
+    base = [*mpirun_command(3), sys.executable, "-m", "pipesgd.cli", "pipeline",
+            "--model", "mlp", "--steps", "12", "--micro-batch", "8", "--no-progress"]
+    cmd = [*base, "--schedule", "async", "--t1", "100", "--t2", "0.1",
+           "--sync-warmup-epochs", "1", "--epochs", "2", "--json", str(tmp_path / "r.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["plan"]["schedule"] == "async"
+    assert report["delays"] == [[2, 0], [1, 0], [0, 0]]
+    assert report["epochs"][0]["peak_versions"] == [3, 2, 1]  # the warm-up epoch stashes
+    assert report["peak_versions"] == [1, 1, 1]  # then one copy of the weights
+    wrong = subprocess.run([*base, "--t1", "100", "--epochs", "1"], capture_output=True,
+                           text=True, env=mpi_env(), cwd=ROOT, timeout=120)
+    assert wrong.returncode != 0 and "--schedule async" in wrong.stdout + wrong.stderr

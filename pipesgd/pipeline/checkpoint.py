@@ -171,6 +171,8 @@ def _commit(pipe: Pipeline, tmp: Path, target: Path) -> None:
     and whatever crashed saves left (one save at a time writes a given directory)."""
     manifest = {
         "epochs_done": pipe.epochs_done,
+        # Every stage steps once per round, so rank 0's count is every stage's.
+        "optimizer_steps": pipe.optimizer_steps,
         "num_layers": pipe.plan.num_layers,
         "plan": pipe.plan.to_dict(),
         "layers": {str(i): f"layer_{i:04d}.pt" for i in range(pipe.plan.num_layers)},
@@ -250,7 +252,7 @@ def load(pipe: Pipeline, directory: str | Path, *, optimizer: bool = True) -> in
             optim_by_name.update({f"{i - start}.{k}": v for k, v in saved["state"].items()})
             groups = groups or saved["param_groups"]
     pipe.stage.module.load_state_dict(state)
-    pipe.stage.reset_policy()
+    pipe.stage.reset_policy(int(manifest.get("optimizer_steps", 0)))
     opt = pipe.stage.optimizer
     if optimizer and opt is not None:
         sd = opt.state_dict()

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipesgd.model_names import HELP, layer_model, parse_shape
 
 from .auto_plan import AUTO, plan_argument
+from .pipemare import PipeMareOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --plan auto --bandwidth: one-way latency (default 20us)")
     parser.add_argument("--memory", help="with --plan auto: memory per worker, e.g. 512MB "
                         "(default: no budget)")
-    parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe"),
-                        help="override the plan's schedule")
+    parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe", "async"),
+                        help="override the plan's schedule; async: PipeMare, one copy of "
+                        "the weights, the backward recomputing the forward")
+    parser.add_argument("--t1", type=int, metavar="K",
+                        help="async: PipeMare's T1, each stage's learning rate divided by "
+                        "its delay to a power annealed from 1 to 0 over K steps")
+    parser.add_argument("--t2", type=float, metavar="D",
+                        help="async: PipeMare's T2, the backward's weights extrapolated "
+                        "back by the forward's delay with a velocity of decay D (e.g. 0.1)")
+    parser.add_argument("--sync-warmup-epochs", type=int, default=0, metavar="E",
+                        help="async: run the first E epochs as 1f1b with weight stashing "
+                        "(PipeMareW), then switch")
     parser.add_argument("--data", choices=("digits", "synthetic"),
                         help="default: digits for mlp, synthetic 32x32 images for cnn")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
@@ -83,6 +94,25 @@ DEFAULT_MICRO_BATCH = 8
 # Plain SGD on one micro-batch per step: the CNN's loss became nan at 0.05 in its first
 # epoch on synthetic data, and trained at 0.02 and 0.01.
 DEFAULT_LR = {"mlp": 0.05, "cnn": 0.01}
+
+
+def pipemare_options(args: argparse.Namespace, plan) -> PipeMareOptions | None:
+    """T1 and T2 from the flags; they need schedule async."""
+    asked = args.t1 is not None or args.t2 is not None or args.sync_warmup_epochs
+    if not asked:
+        return None
+    if plan.schedule != "async":
+        raise SystemExit("pipesgd pipeline: --t1, --t2 and --sync-warmup-epochs are "
+                         "PipeMare's: use them with --schedule async")
+    try:
+        return PipeMareOptions(args.t1, args.t2)
+    except ValueError as exc:
+        raise SystemExit(f"pipesgd pipeline: {exc}") from exc
+
+
+def format_delays(delays: list[tuple[int, int]]) -> str:
+    return "delays (optimizer steps): " + ", ".join(
+        f"stage {i} tau_fwd {f} tau_bkwd {b}" for i, (f, b) in enumerate(delays))
 
 
 def learning_rate(args: argparse.Namespace) -> float:
@@ -162,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
             if rank == 0:
                 n = 2 * plan.world_size
                 print(sched.format_table(sched.build(plan, n)))
+                if plan.schedule == "async":
+                    print(format_delays(sched.delays(plan)))
             return 0
         kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
         if kind == "digits":
@@ -176,12 +208,17 @@ def run(args: argparse.Namespace) -> int:
         if args.steps:
             limit = args.steps * plan.micro_batches_per_step
         lr = learning_rate(args)
-        pipe = Pipeline(model, plan, comm, lr=lr, momentum=args.momentum, seed=args.seed,
+        pipemare = pipemare_options(args, plan)
+        warmup = args.sync_warmup_epochs if plan.schedule == "async" else 0
+        pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
+                        lr=lr, momentum=args.momentum, seed=args.seed,
                         vertical_sync=args.vertical_sync, compression=args.compression,
-                        staleness=args.staleness)
+                        staleness=args.staleness, pipemare=pipemare)
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):
+            if warmup and epoch == warmup:
+                pipe.use_schedule("async")  # PipeMareW: synchronous warm-up is over
             bar = None
             if pipe.last and pipe.replica == 0 and not args.no_progress:
                 from tqdm import tqdm
@@ -233,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
                 "peak_stash_mb": last["peak_stash_mb"],
                 "peak_activation_mb": last["peak_activation_mb"],
                 "peak_versions": last["peak_versions"],
+                "delays": pipe.delays if pipe.plan.schedule == "async" else None,
                 "loss": last["loss"],
                 "accuracy": last["accuracy"],
                 "epochs": history,

@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SCHEDULES = ("1f1b", "1f1b-rr", "gpipe")
+SCHEDULES = ("1f1b", "1f1b-rr", "gpipe", "async")
 
 
 class PlanError(ValueError):
@@ -49,7 +49,8 @@ class Plan:
 
     Args:
         stages: consecutive stages covering layers 0..num_layers-1 without gaps.
-        schedule: "1f1b", "1f1b-rr" (1f1b with replicated stages) or "gpipe".
+        schedule: "1f1b", "1f1b-rr" (1f1b with replicated stages), "gpipe", or "async"
+            (1f1b's order without weight stashing: PipeMare, `pipeline.pipemare`).
         micro_batch: samples per micro-batch (PipeDream's minibatch) sent through the pipe.
         in_flight: minibatches admitted per input-stage replica (NOAM); None = optimum.
         stage_in_flight: per stage, micro-batches a replica keeps in flight under 1F1B;
@@ -198,6 +199,10 @@ class Plan:
             raise PlanError(
                 f"micro_batches_per_step must be >= 1, got {self.micro_batches_per_step}"
             )
+        if self.schedule == "async" and any(s.replicas > 1 for s in self.stages):
+            raise PlanError(
+                "schedule 'async' (PipeMare) runs one rank per stage; this plan replicates a "
+                "stage: set every stage's replicas to 1")
         if self.schedule == "1f1b" and any(s.replicas > 1 for s in self.stages):
             raise PlanError(
                 "schedule '1f1b' runs one rank per stage; this plan replicates a stage: "

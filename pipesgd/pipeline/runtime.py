@@ -25,6 +25,7 @@ from . import schedule as sched
 from .data import MicroBatches
 from .models import LayerModel, from_modules
 from .p2p import StageLink, TensorSpec
+from .pipemare import AsyncWeights, PipeMareOptions
 from .plan import Plan, PlanError
 from .replicas import LocalGradients, ReplicaGradientSync, broadcast_from_first_replica
 from .schedule import Action, no_step_between_forward_and_backward
@@ -69,7 +70,9 @@ class Pipeline:
         optimizer: factory `params -> torch.optim.Optimizer`.
         loss_fn: loss of the last stage (default cross-entropy, mean over the micro-batch).
         weight_policy: "stash" (default for 1f1b), "latest" (default for gpipe),
-            "vertical", or a `WeightPolicy` subclass.
+            "vertical", or a `WeightPolicy` subclass; schedule "async" always runs
+            PipeMare's `AsyncWeights`.
+        pipemare: T1 and T2 of the "async" schedule (`pipemare.PipeMareOptions`).
         vertical_sync: shorthand for weight_policy="vertical".
         compression, staleness: gradient all-reduce of replicated stages (engine).
         seed: layer initialization and per-micro-batch RNG (dropout) seed. The replicas of
@@ -98,6 +101,7 @@ class Pipeline:
         staleness: int = 1,
         seed: int = 0,
         record_timeline: bool = True,
+        pipemare: PipeMareOptions | None = None,
     ) -> None:
         if not isinstance(model, LayerModel):
             model = from_modules(list(model), input_shape=(), num_classes=0)
@@ -114,8 +118,12 @@ class Pipeline:
         self.seed = seed
         if vertical_sync:
             weight_policy = "vertical"
+        if plan.schedule == "async" and weight_policy is not None:
+            raise PlanError("schedule 'async' holds one copy of the weights (PipeMare): it "
+                            "takes no weight_policy or vertical_sync")
         if weight_policy is None:
             weight_policy = "latest" if plan.schedule == "gpipe" else "stash"
+        self.pipemare = pipemare or PipeMareOptions()
         if weight_policy == "vertical" and any(s.replicas > 1 for s in plan.stages):
             raise PlanError(
                 "vertical sync needs one version counter per stage; it does not combine with "
@@ -138,7 +146,7 @@ class Pipeline:
             self.stage_id,
             self.last,
             optimizer,
-            lambda params: make_policy(weight_policy, params),
+            self._policy_factory(plan, weight_policy),
             loss_fn or nn.CrossEntropyLoss(),
         )
         if self.stage_plan.replicas > 1:
@@ -160,6 +168,36 @@ class Pipeline:
             "F": self._forward, "B": self._backward, "U": self._update, "AR": self._allreduce,
             "RF": self._recv, "RB": self._recv, "SF": self._send, "SB": self._send,
         }
+
+    def _policy_factory(self, plan: Plan, weight_policy: str | type[WeightPolicy]
+                        ) -> Callable[[list[nn.Parameter]], WeightPolicy]:
+        if plan.schedule != "async":
+            return lambda params: make_policy(weight_policy, params)
+        tau_fwd, tau_bkwd = sched.delays(plan)[self.stage_id]
+        return lambda params: AsyncWeights(params, tau_fwd, tau_bkwd, self.pipemare)
+
+    def use_schedule(self, schedule: str) -> None:
+        """Switch the schedule between epochs, e.g. from synchronous warm-up epochs
+        (`1f1b` with stashing, PipeMareW) to `async`, keeping the weights, the optimizer
+        state and its step count. Call it on every rank between epochs."""
+        if self.stage.in_flight:
+            raise RuntimeError("switch schedules between epochs, not with micro-batches "
+                               "in flight")
+        plan = self.plan.replace(schedule=schedule)
+        plan.validate(num_layers=self.model.num_layers)
+        policy = "latest" if schedule == "gpipe" else "stash"
+        self.plan, self._schedules = plan, {}
+        self.stage.set_policy(self._policy_factory(plan, policy))
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps this stage has taken since the run began (resumes included)."""
+        return self.stage.steps
+
+    @property
+    def delays(self) -> list[tuple[int, int]]:
+        """(tau_fwd, tau_bkwd) of every stage in optimizer steps (`schedule.delays`)."""
+        return sched.delays(self.plan)
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, num_micro_batches: int) -> sched.Schedule:
@@ -284,10 +322,14 @@ class Pipeline:
         )
 
     # ------------------------------------------------------------------ actions
-    def _forward(self, a: Action) -> None:
-        # Per-micro-batch RNG: dropout masks do not depend on the partition or on resume.
-        torch.manual_seed((self.seed * 1_000_003 + self._epoch * 100_019 + a.mb) * 131
+    def _seed(self, mb: int) -> None:
+        # Per-micro-batch RNG: dropout masks do not depend on the partition or on resume,
+        # and a recomputed forward draws the same ones.
+        torch.manual_seed((self.seed * 1_000_003 + self._epoch * 100_019 + mb) * 131
                           + self.stage_id)
+
+    def _forward(self, a: Action) -> None:
+        self._seed(a.mb)
         if self.first:
             x, version = self._data.inputs(self._epoch, a.mb), None
         else:
@@ -307,6 +349,8 @@ class Pipeline:
 
     def _backward(self, a: Action) -> None:
         grad = None if self.last else self._grads.pop(a.mb)
+        if self.stage.recomputes:
+            self._seed(a.mb)
         grad_x = self.stage.backward(a.mb, grad)
         if not self.first:
             self._grad_in[a.mb] = grad_x

@@ -20,6 +20,8 @@ i.e. NOAM - s on a straight pipeline, unless the plan gives per-stage counts
 `micro_batches_per_step`-th backward (1: PipeDream's step per micro-batch; more
 accumulates the gradients of consecutive micro-batches into one step, as PipeDream-2BW).
 GPipe: per step, all forwards of its micro-batches, then all backwards, then one step.
+`async` (PipeMare) runs 1F1B's order; only the weights differ (`pipemare.AsyncWeights`),
+and `delays` gives each stage's delay in optimizer steps.
 """
 
 from __future__ import annotations
@@ -102,6 +104,33 @@ def generate(plan: Plan, num_micro_batches: int) -> Schedule:
                 out[rank] = _gpipe(plan, stage, rep, num_micro_batches)
             else:
                 out[rank] = _one_f_one_b(plan, stage, rep, num_micro_batches)
+    return out
+
+
+def delays(plan: Plan, num_micro_batches: int | None = None) -> list[tuple[int, int]]:
+    """(tau_fwd, tau_bkwd) of every stage under 1F1B's order with one set of weights:
+    the optimizer steps a micro-batch's forward weights lag behind the step its gradient
+    is applied in, and the same for its backward weights (PipeMare's tau_fwd,i, tau_bkwd,i).
+
+    The backward recomputes on the weights current then and its gradient goes into the
+    next step, so tau_bkwd is 0; tau_fwd counts the steps between a micro-batch's forward
+    and its backward, at its largest over an epoch of `num_micro_batches` (default: long
+    enough to reach the steady state).
+    """
+    n = num_micro_batches or 4 * plan.world_size * plan.micro_batches_per_step + 8
+    one_f_one_b = plan if plan.schedule != "gpipe" else plan.replace(schedule="1f1b")
+    out = []
+    for stage in range(plan.num_stages):
+        acts = _one_f_one_b(one_f_one_b, stage, 0, n)
+        steps, forward_at, tau = 0, {}, 0
+        for a in acts:
+            if a.kind == "U":
+                steps += 1
+            elif a.kind == "F":
+                forward_at[a.mb] = steps
+            elif a.kind == "B":
+                tau = max(tau, steps - forward_at.pop(a.mb))
+        out.append((tau, 0))
     return out
 
 

@@ -68,6 +68,7 @@ class Stage:
         self._grad_views = self._views(self.grad_sum)
         self._in_flight: dict[int, _InFlight] = {}
         self.peak_activation_bytes = 0
+        self.steps = 0  # optimizer steps of the live parameters, resumes included
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         views, offset = [], 0
@@ -76,11 +77,19 @@ class Stage:
             offset += p.numel()
         return views
 
-    def reset_policy(self) -> None:
-        """Start a fresh policy (after the live parameters were loaded from a checkpoint)."""
+    def set_policy(self, factory: Callable[[list[nn.Parameter]], WeightPolicy]) -> None:
+        """Another weight policy from now on (the steps taken so far carry over)."""
+        self._policy_factory = factory
+        self.reset_policy(self.steps)
+
+    def reset_policy(self, steps: int = 0) -> None:
+        """Start a fresh policy (after the live parameters were loaded from a checkpoint
+        that had taken `steps` optimizer steps)."""
         if self._in_flight:
-            raise RuntimeError("cannot reset the weight policy with micro-batches in flight")
+            raise RuntimeError("cannot change the weight policy with micro-batches in flight")
+        self.steps = steps
         self.policy = self._policy_factory(self.params)
+        self.policy.resume_steps(steps)
 
     # ------------------------------------------------------------------ compute
     def forward(self, mb: int, x: Tensor, version: int | None = None, live_ok: bool = False
@@ -90,6 +99,17 @@ class Stage:
         `live_ok`: no optimizer step runs before this micro-batch's backward (see stash).
         """
         v, weights = self.policy.forward_weights(mb, version, live_ok)
+        if self.policy.recompute:
+            if self.last:
+                raise RuntimeError(
+                    "the last stage cannot recompute its forward (its loss needs the labels "
+                    "at backward): give it one micro-batch in flight")
+            # Only the input is kept: the backward recomputes the forward (pipemare.py).
+            with torch.no_grad():
+                out = self.module(x)
+            self._in_flight[mb] = _InFlight(x.detach(), out, [], v)
+            self._note_activations()
+            return out, v
         if x.is_floating_point() and self.stage > 0:
             x = x.detach().requires_grad_(True)
         if weights is self.params:
@@ -97,9 +117,32 @@ class Stage:
         else:
             out = functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
         self._in_flight[mb] = _InFlight(x, out, weights, v)
-        held = sum(f.out.numel() * f.out.element_size() for f in self._in_flight.values())
-        self.peak_activation_bytes = max(self.peak_activation_bytes, held)
+        self._note_activations()
         return out, v
+
+    def _note_activations(self) -> None:
+        held = sum((f.x if self.policy.recompute else f.out).numel()
+                   * (f.x if self.policy.recompute else f.out).element_size()
+                   for f in self._in_flight.values())
+        self.peak_activation_bytes = max(self.peak_activation_bytes, held)
+
+    def _recompute(self, f: _InFlight) -> None:
+        """The forward again, on the policy's backward weights, keeping its graph. The
+        caller has restored the micro-batch's RNG state (dropout masks match); buffers
+        (BatchNorm statistics) are put back as the first forward left them."""
+        weights = self.policy.backward_weights()
+        if f.x.is_floating_point() and self.stage > 0:
+            f.x = f.x.detach().requires_grad_(True)
+        buffers = [b.detach().clone() for b in self.module.buffers()]
+        if weights is self.params:
+            f.out = self.module(f.x)
+        else:
+            f.out = functional_call(self.module, dict(zip(self.names, weights, strict=True)),
+                                    (f.x,))
+        with torch.no_grad():
+            for b, saved in zip(self.module.buffers(), buffers, strict=True):
+                b.copy_(saved)
+        f.weights = list(weights)
 
     def loss(self, mb: int, labels: Tensor) -> Tensor:
         """Last stage: replace micro-batch `mb`'s output by its loss (kept for backward)."""
@@ -115,6 +158,8 @@ class Stage:
         page fault per 4 KiB of them on every micro-batch, a third of a big stage's backward.
         """
         f = self._in_flight.pop(mb)
+        if self.policy.recompute:
+            self._recompute(f)
         wants_x = f.x.requires_grad
         inputs = ([f.x] if wants_x else []) + list(f.weights)
         if self.grad_count == 0:  # the first micro-batch of a round starts from zero
@@ -151,6 +196,7 @@ class Stage:
             flat_grad = flat_grad.to(self.grad_sum.device)
             for p, g in zip(self.params, self._views(flat_grad), strict=True):
                 p.grad = g
+            self.policy.before_update()
             scale = self.policy.lr_scale(self.stage)
             if scale != 1.0:
                 saved = [group["lr"] for group in self.optimizer.param_groups]
@@ -162,6 +208,7 @@ class Stage:
                     group["lr"] = lr
             for p in self.params:
                 p.grad = None
+        self.steps += 1
         self.policy.after_update()
 
     # ------------------------------------------------------------------ shapes
@@ -177,3 +224,8 @@ class Stage:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def recomputes(self) -> bool:
+        """The backward recomputes the forward (its RNG state must be restored first)."""
+        return self.policy.recompute

@@ -15,8 +15,9 @@ Policies:
     VerticalSync   -- every stage uses the version the micro-batch entered the pipeline
                       with (stage 0's version, carried in the message header).
 
-A new policy (e.g. PipeMare's learning-rate rescheduling or weight prediction) subclasses
-`WeightPolicy` and overrides `forward_weights` / `lr_scale`.
+PipeMare's asynchronous policy (one copy of the weights, the backward recomputing the
+forward on the weights current then) is `pipesgd.pipeline.pipemare.AsyncWeights`; it sets
+`recompute` and overrides `backward_weights`, `before_update` and `lr_scale`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class WeightPolicy(ABC):
     """
 
     name = "policy"
+    # The forward keeps no graph; the backward recomputes it on `backward_weights()`.
+    recompute = False
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = list(params)
@@ -67,6 +70,18 @@ class WeightPolicy(ABC):
     @abstractmethod
     def release(self, mb: int) -> None:
         """The backward of `mb` is done: drop what only it needed."""
+
+    def backward_weights(self) -> list[Tensor]:
+        """The tensors a recomputing backward runs on (policies with `recompute`)."""
+        return self.params
+
+    def before_update(self) -> None:  # noqa: B027 (a hook: most policies need nothing)
+        """Called before every optimizer step of the live parameters."""
+
+    def resume_steps(self, steps: int) -> None:  # noqa: B027 (a hook, as above)
+        """The live parameters have had `steps` optimizer steps before this policy (a
+        resumed run, a switch of schedule). Version-keyed policies start their own count
+        at 0; PipeMare's T1 anneals by it."""
 
     def after_update(self) -> None:
         """Called after every optimizer step of the live parameters."""

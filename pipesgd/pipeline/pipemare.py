@@ -1,0 +1,149 @@
+"""PipeMare (`../shared/papers/pipemare.txt` §3): asynchronous pipeline training without
+weight stashing.
+
+Each stage holds one copy of its weights. A micro-batch's forward runs on the live
+weights and keeps no graph; its backward recomputes the stage's forward on the weights
+current at that moment (which is also activation recomputation) and differentiates that.
+Updates run while micro-batches are in flight, so stage i's gradient is computed at
+weights up to tau_fwd,i steps newer than those its forward activations came from
+(`schedule.delays`; 0 on the last stage, which runs each backward right after its
+forward). Two techniques keep that stable:
+
+- T1, learning-rate rescheduling: stage i steps with alpha_k / tau_i^(p_k), where
+  p_k = 1 - min(k / K, 1) anneals from 1 to 0 over the first K steps (`t1_anneal_steps`).
+- T2, discrepancy correction: the backward runs on u = w - (tau_fwd - tau_bkwd) * delta,
+  the weights extrapolated back towards the forward's, with the velocity
+  delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t) and gamma_i = D^(1 / (tau_fwd,i -
+  tau_bkwd,i)) (`t2_decay` = D). The live weights are never touched: the backward runs
+  on a separate tensor of u.
+
+Memory per stage: the weights once (WeightStash keeps up to NOAM - i copies), plus with T2
+the velocity and the extrapolated weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .stash import WeightPolicy
+
+
+@dataclass(frozen=True)
+class PipeMareOptions:
+    """T1's annealing steps K (None: no rescheduling) and T2's decay D (None: no
+    correction)."""
+
+    t1_anneal_steps: int | None = None
+    t2_decay: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.t1_anneal_steps is not None and self.t1_anneal_steps < 1:
+            raise ValueError(f"T1's annealing steps K must be >= 1, got {self.t1_anneal_steps}")
+        if self.t2_decay is not None and not 0.0 <= self.t2_decay < 1.0:
+            raise ValueError(f"T2's decay D must be in [0, 1), got {self.t2_decay}")
+
+
+def lemma1_bound(tau: int, curvature: float) -> float:
+    """The largest step size for which gradient descent with delay `tau` on the quadratic
+    curvature/2 * w^2 converges (PipeMare Lemma 1): (2 / lambda) sin(pi / (4 tau + 2))."""
+    if tau < 0 or curvature <= 0:
+        raise ValueError(f"need tau >= 0 and curvature > 0, got {tau}, {curvature}")
+    return 2.0 / curvature * math.sin(math.pi / (4 * tau + 2))
+
+
+def t1_scale(step: int, tau: int, anneal_steps: int | None) -> float:
+    """T1's factor on the learning rate at optimizer step `step`: 1 / tau^(p_k)."""
+    if anneal_steps is None or tau <= 1:
+        return 1.0
+    p = 1.0 - min(step / anneal_steps, 1.0)
+    return 1.0 / tau**p
+
+
+class AsyncWeights(WeightPolicy):
+    """One copy of the weights; the backward recomputes the forward (see the module).
+
+    Args:
+        params: the stage's live parameters.
+        tau_fwd, tau_bkwd: the stage's delays in optimizer steps (`schedule.delays`).
+        options: T1 and T2.
+    """
+
+    name = "async"
+
+    def __init__(self, params: list[nn.Parameter], tau_fwd: int, tau_bkwd: int = 0,
+                 options: PipeMareOptions | None = None) -> None:
+        super().__init__(params)
+        self.tau_fwd, self.tau_bkwd = tau_fwd, tau_bkwd
+        self.options = options or PipeMareOptions()
+        # A stage whose backward follows its forward with no step between keeps its graph.
+        self.recompute = tau_fwd > 0
+        shift = tau_fwd - tau_bkwd
+        self.shift = shift
+        self._delta: list[Tensor] | None = None
+        self._predicted: list[Tensor] | None = None
+        if self.options.t2_decay is not None and shift > 0:
+            self.gamma = self.options.t2_decay ** (1.0 / shift)
+            self._delta = [torch.zeros_like(p, requires_grad=False) for p in self.params]
+        self._in_flight: set[int] = set()
+
+    @property
+    def uses_live_parameters(self) -> bool:
+        return True
+
+    def forward_weights(
+        self, mb: int, version: int | None = None, live_ok: bool = False
+    ) -> tuple[int, list[Tensor]]:
+        self._in_flight.add(mb)
+        self._record(1)
+        self.peak_bytes = 0  # the live parameters are no copy
+        return self.version, self.params
+
+    def release(self, mb: int) -> None:
+        self._in_flight.discard(mb)
+
+    def backward_weights(self) -> list[Tensor]:
+        if self._delta is None:
+            return self.params
+        if self._predicted is None:
+            self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
+                               for p in self.params]
+        with torch.no_grad():
+            for u, w, d in zip(self._predicted, self.params, self._delta, strict=True):
+                u.copy_(w).sub_(d, alpha=self.shift)
+        return self._predicted
+
+    # delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t), in two halves around the step so
+    # that no copy of w_t is needed.
+    def before_update(self) -> None:
+        if self._delta is None:
+            return
+        with torch.no_grad():
+            for d, w in zip(self._delta, self.params, strict=True):
+                d.mul_(self.gamma).sub_(w, alpha=1.0 - self.gamma)
+
+    def after_update(self) -> None:
+        super().after_update()
+        if self._delta is None:
+            return
+        with torch.no_grad():
+            for d, w in zip(self._delta, self.params, strict=True):
+                d.add_(w, alpha=1.0 - self.gamma)
+
+    def resume_steps(self, steps: int) -> None:
+        self.version = steps
+
+    def lr_scale(self, stage: int) -> float:
+        return t1_scale(self.version, self.tau_fwd, self.options.t1_anneal_steps)
+
+    @property
+    def extra_bytes(self) -> int:
+        """What T2 holds besides the weights: the velocity and the extrapolated copy."""
+        copies = (self._delta is not None) + (self._predicted is not None)
+        return copies * self._param_bytes
+
+
+__all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "t1_scale"]

@@ -1,0 +1,156 @@
+"""PipeMare's asynchronous weights (pipesgd/pipeline/pipemare.py), in one process: the
+delays the schedule implies, Lemma 1 against a simulation, T1's factors, T2's velocity
+against a hand-written recursion, and the recomputing backward against the stored one."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pipesgd.pipeline import Plan
+from pipesgd.pipeline import schedule as sched
+from pipesgd.pipeline.pipemare import AsyncWeights, PipeMareOptions, lemma1_bound, t1_scale
+from pipesgd.pipeline.plan import PlanError
+from pipesgd.pipeline.stage import Stage
+from pipesgd.pipeline.stash import LatestWeights
+
+
+def test_delays_follow_the_1f1b_order():
+    # Stage i of a straight pipeline runs NOAM - i forwards ahead: its gradient lands
+    # NOAM - 1 - i steps after the weights its forward used.
+    assert sched.delays(Plan.even(8, 4, schedule="async")) == [(3, 0), (2, 0), (1, 0), (0, 0)]
+    assert sched.delays(Plan.even(8, 3, schedule="async", stage_in_flight=[2, 2, 1])) == \
+        [(1, 0), (1, 0), (0, 0)]
+    # accumulating two micro-batches per step halves the delay in steps (rounded up)
+    assert sched.delays(Plan.even(8, 4, schedule="async", micro_batches_per_step=2)) == \
+        [(2, 0), (1, 0), (1, 0), (0, 0)]
+
+
+def delayed_descent(alpha: float, curvature: float, tau: int, steps: int = 3000) -> float:
+    """|w| after gradient descent on curvature/2 w^2 whose gradient is `tau` steps old."""
+    w = [1.0] * (tau + 1)
+    for _ in range(steps):
+        w.append(w[-1] - alpha * curvature * w[-1 - tau])
+        if abs(w[-1]) > 1e12:
+            break
+    return abs(w[-1])
+
+
+@pytest.mark.parametrize("tau", [tau for tau, _ in
+                                 sched.delays(Plan.even(8, 4, schedule="async"))])
+def test_lemma1_bound_separates_convergence_from_divergence(tau):
+    # PipeMare §3.1: with the delays the runtime's schedule has, below the bound the
+    # delayed iteration converges, above it diverges.
+    lam = 2.0
+    bound = lemma1_bound(tau, lam)
+    assert delayed_descent(0.97 * bound, lam, tau) < 1e-3
+    assert delayed_descent(1.03 * bound, lam, tau) > 1e3
+    if tau == 0:
+        assert bound == pytest.approx(2.0 / lam)
+
+
+def test_t1_divides_the_step_by_the_delay_to_an_annealed_power():
+    assert t1_scale(0, 4, 100) == pytest.approx(1 / 4)
+    assert t1_scale(50, 4, 100) == pytest.approx(1 / 2)
+    assert t1_scale(100, 4, 100) == 1.0 and t1_scale(10**6, 4, 100) == 1.0
+    assert t1_scale(0, 1, 100) == 1.0 and t1_scale(0, 0, 100) == 1.0  # no delay, no change
+    assert t1_scale(0, 4, None) == 1.0
+
+
+def toy_params(values):
+    return [nn.Parameter(torch.tensor(v, dtype=torch.float64)) for v in values]
+
+
+def test_t2_velocity_and_extrapolation_match_the_recursion():
+    params = toy_params([[1.0, -2.0], [0.5]])
+    decay, tau = 0.25, 2
+    policy = AsyncWeights(params, tau_fwd=tau, options=PipeMareOptions(t2_decay=decay))
+    gamma = decay ** (1 / tau)
+    delta = [np.zeros(2), np.zeros(1)]
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        before = [p.detach().numpy().copy() for p in params]
+        policy.before_update()
+        with torch.no_grad():  # any optimizer's step: the velocity sees only w_t -> w_t+1
+            for p in params:
+                p.add_(torch.from_numpy(rng.standard_normal(p.shape)))
+        policy.after_update()
+        after = [p.detach().numpy() for p in params]
+        delta = [gamma * d + (1 - gamma) * (a - b)
+                 for d, a, b in zip(delta, after, before, strict=True)]
+        live = [p.detach().clone() for p in params]
+        used = policy.backward_weights()
+        for u, w, d in zip(used, params, delta, strict=True):
+            np.testing.assert_allclose(u.detach().numpy(), w.detach().numpy() - tau * d,
+                                       rtol=0, atol=1e-12)
+        # the live weights are untouched: the backward runs on a separate tensor
+        assert all(torch.equal(a, b) for a, b in zip(live, params, strict=True))
+        assert all(u is not w for u, w in zip(used, params, strict=True))
+    assert policy.extra_bytes == 2 * 3 * 8  # the velocity and the extrapolated copy
+
+
+def test_without_t2_the_backward_runs_on_the_live_weights():
+    params = toy_params([[1.0]])
+    policy = AsyncWeights(params, tau_fwd=3)
+    assert policy.backward_weights() is policy.params and policy.extra_bytes == 0
+    assert policy.recompute and not AsyncWeights(params, tau_fwd=0).recompute
+
+
+def make_stage(policy_factory, seed=0):
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.3), nn.ReLU(), nn.Linear(8, 4))
+    return Stage(module, 1, False, lambda ps: torch.optim.SGD(ps, lr=0.1), policy_factory,
+                 nn.CrossEntropyLoss())
+
+
+def test_recomputed_backward_equals_the_stored_one_dropout_included():
+    stored = make_stage(LatestWeights)
+    again = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=2))
+    assert again.recomputes and not stored.recomputes
+    x = torch.randn(5, 6)
+    grad_out = torch.randn(5, 4)
+    outs, grads = [], []
+    for stage in (stored, again):
+        torch.manual_seed(7)  # the runtime seeds each micro-batch's forward ...
+        out, _ = stage.forward(0, x)
+        torch.manual_seed(7)  # ... and, for a recomputing stage, its backward alike
+        grad_x = stage.backward(0, grad_out)
+        outs.append(out.detach())
+        grads.append((grad_x, stage.take_gradient()[0].clone()))
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+    assert grads[0][1].abs().sum() > 0
+    # without the same RNG state the dropout masks differ, and so would the gradient
+    torch.manual_seed(7)
+    again.forward(1, x)
+    torch.manual_seed(8)
+    again.backward(1, grad_out)
+    assert not torch.allclose(again.take_gradient()[0], grads[1][1])
+
+
+def test_async_holds_one_copy_of_the_weights_and_keeps_only_inputs():
+    stage = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=3))
+    x = torch.randn(5, 6)
+    for mb in range(3):  # three micro-batches in flight, an update between them
+        stage.forward(mb, x)
+        stage.step(torch.zeros_like(stage.grad_sum))
+    assert stage.policy.peak_versions == 1 and stage.policy.peak_bytes == 0
+    assert stage.peak_activation_bytes == 3 * x.numel() * x.element_size()
+    for mb in range(3):
+        stage.backward(mb, torch.ones(5, 4))
+    assert stage.in_flight == 0
+
+
+def test_bad_pipemare_settings_are_refused():
+    with pytest.raises(ValueError, match="T1's annealing steps"):
+        PipeMareOptions(t1_anneal_steps=0)
+    with pytest.raises(ValueError, match=r"T2's decay D must be in \[0, 1\)"):
+        PipeMareOptions(t2_decay=1.0)
+    with pytest.raises(PlanError, match="one rank per stage"):
+        Plan.even(4, 2, schedule="async", replicas=(2, 1))
+    with pytest.raises(ValueError, match="tau >= 0"):
+        lemma1_bound(-1, 1.0)
+    assert math.isfinite(lemma1_bound(0, 1.0))
