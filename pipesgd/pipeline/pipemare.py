@@ -98,8 +98,9 @@ class AsyncWeights(WeightPolicy):
         self, mb: int, version: int | None = None, live_ok: bool = False
     ) -> tuple[int, list[Tensor]]:
         self._in_flight.add(mb)
-        self._record(1)
-        self.peak_bytes = 0  # the live parameters are no copy
+        self.peak_versions = 1
+        # the live parameters are no copy; T2's velocity and extrapolated weights are
+        self.peak_bytes = max(self.peak_bytes, self.extra_bytes)
         return self.version, self.params
 
     def release(self, mb: int) -> None:

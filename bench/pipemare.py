@@ -1,0 +1,158 @@
+"""PipeMare's asynchronous pipeline against weight stashing and GPipe.
+
+    .venv/bin/python bench/pipemare.py                 # MLP on digits and CNN, 4 stages
+
+Every variant trains the same model from the same seed through `pipesgd pipeline` on 4
+ranks (a new `mpirun` each), and the run's JSON gives accuracy, samples/s and the weight
+memory each stage held:
+
+    gpipe           synchronous (flush every 4 micro-batches)
+    1f1b            PipeDream's weight stashing, a step per micro-batch
+    async           PipeMare without its techniques: one copy of the weights
+    async+T1        with the learning rate rescheduled by each stage's delay
+    async+T1+T2     and the backward's weights extrapolated back (discrepancy correction)
+    PipeMareW       async+T1+T2 after one synchronous (1f1b) epoch
+
+Targets (MLP, whose digits it learns): async+T1+T2 within 0.5 points of 1f1b's final
+accuracy, with less weight memory on stage 0, at 1f1b's throughput or more. The CNN's
+synthetic labels are not learnt in a few epochs, so it gives memory and throughput only.
+Writes bench/results/pipemare.json and .png; exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import RESULTS, mpi_env, mpirun, print_table, write_json
+
+VARIANTS = {
+    "gpipe": ["--schedule", "gpipe", "--batch-size", "32"],
+    "1f1b": ["--schedule", "1f1b"],
+    "async": ["--schedule", "async"],
+    "async+T1": ["--schedule", "async", "--t1", "{k}"],
+    "async+T1+T2": ["--schedule", "async", "--t1", "{k}", "--t2", "0.1"],
+    "PipeMareW": ["--schedule", "async", "--t1", "{k}", "--t2", "0.1",
+                  "--sync-warmup-epochs", "1"],
+}
+ACCURACY_POINTS = 0.5
+
+
+def run_variant(model: str, flags: list[str], epochs: int, lr: float, steps: int | None,
+                ranks: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pipesgd-pipemare-") as tmp:
+        out = Path(tmp) / "run.json"
+        cmd = [mpirun(), "--oversubscribe", "-n", str(ranks), sys.executable, "-m",
+               "pipesgd.cli", "pipeline", "--model", model, "--epochs", str(epochs),
+               "--micro-batch", "8", "--lr", str(lr), "--no-progress", "--json", str(out),
+               *(["--steps", str(steps)] if steps else []), *flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(),
+                              timeout=1800, check=False)
+        if proc.returncode != 0 or not out.exists():
+            return {"failed": (proc.stdout + proc.stderr)[-2000:]}
+        return json.loads(out.read_text())
+
+
+def summarize(name: str, model: str, report: dict) -> dict:
+    if "failed" in report:
+        return {"model": model, "variant": name, "final accuracy": "failed",
+                "samples/s": "-", "weight sets held": "-", "extra weight MB": "-"}
+    epochs = report["epochs"]
+    return {
+        "model": model,
+        "variant": name,
+        "final accuracy": report["accuracy"],
+        "samples/s": report["throughput_samples_per_s"],
+        "weight sets held": "/".join(str(v) for v in report["peak_versions"]),
+        "extra weight MB": "/".join(f"{m:.2f}" for m in report["peak_stash_mb"]),
+        "accuracy by epoch": [e["accuracy"] for e in epochs],
+        "seconds by epoch": [e["seconds"] for e in epochs],
+    }
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    by = {(r["model"], r["variant"]): r for r in rows}
+    base, mare = by.get(("mlp", "1f1b")), by.get(("mlp", "async+T1+T2"))
+    if not base or not mare or "failed" in (base["final accuracy"], mare["final accuracy"]):
+        return ["mlp: a run failed FAIL"]
+    out = []
+    gap = 100 * (base["final accuracy"] - mare["final accuracy"])
+    out.append(f"mlp: async+T1+T2 accuracy {100 * mare['final accuracy']:.2f} against 1f1b "
+               f"{100 * base['final accuracy']:.2f} ({gap:+.2f} points behind; target <= "
+               f"{ACCURACY_POINTS}) {'PASS' if gap <= ACCURACY_POINTS else 'FAIL'}")
+    held = [int(v) for v in mare["weight sets held"].split("/")]
+    stash = [int(v) for v in base["weight sets held"].split("/")]
+    out.append(f"mlp: weight sets held on stage 0, async+T1+T2 {held[0]} (plus T2's "
+               f"{mare['extra weight MB'].split('/')[0]} MB) against 1f1b {stash[0]} "
+               f"{'PASS' if held[0] < stash[0] else 'FAIL'}")
+    ratio = mare["samples/s"] / base["samples/s"]
+    out.append(f"mlp: async+T1+T2 throughput / 1f1b = {ratio:.2f} (target >= 1.0) "
+               f"{'PASS' if ratio >= 1.0 else 'FAIL'}")
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mlp = [r for r in rows if r["model"] == "mlp" and "accuracy by epoch" in r]
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for r in mlp:
+        acc = r["accuracy by epoch"]
+        elapsed = [sum(r["seconds by epoch"][: i + 1]) for i in range(len(acc))]
+        by_epoch.plot(range(1, len(acc) + 1), acc, "o-", label=r["variant"], markersize=3)
+        by_time.plot(elapsed, acc, "o-", label=r["variant"], markersize=3)
+    by_epoch.set_xlabel("epoch")
+    by_time.set_xlabel("seconds of training")
+    for ax in (by_epoch, by_time):
+        ax.set_ylabel("training accuracy")
+        ax.grid(True, alpha=0.3)
+    by_epoch.legend(fontsize=7)
+    fig.suptitle("MLP on digits, 4 pipeline stages")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=8, help="MLP epochs")
+    ap.add_argument("--lr", type=float, default=0.1, help="MLP learning rate")
+    ap.add_argument("--t1-steps", type=int, default=600, help="T1's annealing steps K")
+    ap.add_argument("--cnn-steps", type=int, default=40, help="CNN optimizer steps (0: skip)")
+    args = ap.parse_args(argv)
+
+    rows = []
+    runs = [("mlp", args.epochs, args.lr, None)]
+    if args.cnn_steps:
+        runs.append(("cnn", 1, 0.01, args.cnn_steps))
+    for model, epochs, lr, steps in runs:
+        for name, flags in VARIANTS.items():
+            if model == "cnn" and name == "PipeMareW":
+                continue  # one epoch: no room for a warm-up epoch
+            flags = [f.format(k=args.t1_steps) for f in flags]
+            report = run_variant(model, flags, epochs, lr, steps, args.ranks)
+            rows.append(summarize(name, model, report))
+            print(f"  {model} {name} done", flush=True)
+    print_table([{k: v for k, v in r.items() if "by epoch" not in k} for r in rows],
+                f"PipeMare against stashing and GPipe, {args.ranks} stages")
+    lines = verdicts(rows)
+    for line in lines:
+        print(line)
+    path = write_json("pipemare.json", {"rows": rows, "targets": lines,
+                                        "command": " ".join(["bench/pipemare.py",
+                                                             *(argv or sys.argv[1:])])})
+    plot(rows, RESULTS / "pipemare.png")
+    print(f"wrote {path} and {RESULTS / 'pipemare.png'}")
+    return 1 if any(v.endswith("FAIL") for v in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
