@@ -22,6 +22,8 @@ def test_gpipe_and_1f1b_match_single_process_references():
         assert f"{name}: max |pipeline - reference|" in out, out
     assert "stashed versions measured [3, 2, 1] implied [3, 2, 1]" in out, out
     assert "1f1b per-stage in flight [2, 2, 1]: max |pipeline - reference|" in out, out
+    for name in ("gpipe", "1f1b"):
+        assert f"{name} with recomputation: max |pipeline - reference|" in out, out
     assert "per-stage in flight [2, 2, 1]: stashed versions measured [2, 2, 1]" in out, out
 
 

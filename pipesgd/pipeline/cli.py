@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t2", type=float, metavar="D",
                         help="async: PipeMare's T2, the backward's weights extrapolated "
                         "back by the forward's delay with a velocity of decay D (e.g. 0.1)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="keep only each micro-batch's input and recompute its forward "
+                        "in the backward, on the same weights (activation recomputation; "
+                        "async always recomputes)")
     parser.add_argument("--sync-warmup-epochs", type=int, default=0, metavar="E",
                         help="async: run the first E epochs as 1f1b with weight stashing "
                         "(PipeMareW), then switch")
@@ -213,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
         pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
                         lr=lr, momentum=args.momentum, seed=args.seed,
                         vertical_sync=args.vertical_sync, compression=args.compression,
-                        staleness=args.staleness, pipemare=pipemare)
+                        staleness=args.staleness, pipemare=pipemare,
+                        recompute=args.recompute)
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):

@@ -73,6 +73,9 @@ class Pipeline:
             "vertical", or a `WeightPolicy` subclass; schedule "async" always runs
             PipeMare's `AsyncWeights`.
         pipemare: T1 and T2 of the "async" schedule (`pipemare.PipeMareOptions`).
+        recompute: every stage but the last keeps only each micro-batch's input and
+            recomputes its forward in the backward, on the same weights (activation
+            recomputation; "async" always recomputes).
         vertical_sync: shorthand for weight_policy="vertical".
         compression, staleness: gradient all-reduce of replicated stages (engine).
         seed: layer initialization and per-micro-batch RNG (dropout) seed. The replicas of
@@ -102,6 +105,7 @@ class Pipeline:
         seed: int = 0,
         record_timeline: bool = True,
         pipemare: PipeMareOptions | None = None,
+        recompute: bool = False,
     ) -> None:
         if not isinstance(model, LayerModel):
             model = from_modules(list(model), input_shape=(), num_classes=0)
@@ -148,6 +152,7 @@ class Pipeline:
             optimizer,
             self._policy_factory(plan, weight_policy),
             loss_fn or nn.CrossEntropyLoss(),
+            recompute=recompute,
         )
         if self.stage_plan.replicas > 1:
             self.sync: LocalGradients | ReplicaGradientSync = ReplicaGradientSync(

@@ -28,6 +28,7 @@ class _InFlight:
     out: Tensor
     weights: list[Tensor]
     version: int
+    recompute: bool = False  # only the input is kept; the backward recomputes `out`
 
 
 class Stage:
@@ -39,6 +40,9 @@ class Stage:
         optimizer_factory: builds the optimizer over the live parameters.
         policy_factory: builds the weight-version policy over the live parameters.
         loss_fn: loss of the last stage.
+        recompute: keep only each micro-batch's input and recompute its forward in the
+            backward, on the version the forward used (activation recomputation). The
+            last stage keeps its graph: its loss needs the labels.
     """
 
     def __init__(
@@ -49,8 +53,10 @@ class Stage:
         optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
         policy_factory: Callable[[list[nn.Parameter]], WeightPolicy],
         loss_fn: Callable[[Tensor, Tensor], Tensor],
+        recompute: bool = False,
     ) -> None:
         self.module = module
+        self.recompute_activations = recompute and not last
         self.stage = stage
         self.last = last
         self.loss_fn = loss_fn
@@ -99,46 +105,48 @@ class Stage:
         `live_ok`: no optimizer step runs before this micro-batch's backward (see stash).
         """
         v, weights = self.policy.forward_weights(mb, version, live_ok)
-        if self.policy.recompute:
-            if self.last:
-                raise RuntimeError(
-                    "the last stage cannot recompute its forward (its loss needs the labels "
-                    "at backward): give it one micro-batch in flight")
-            # Only the input is kept: the backward recomputes the forward (pipemare.py).
+        if self.policy.recompute and self.last:
+            raise RuntimeError(
+                "the last stage cannot recompute its forward (its loss needs the labels at "
+                "backward): give it one micro-batch in flight")
+        if self.recomputes:
+            # Only the input is kept: the backward recomputes the forward, on the weights
+            # the policy names then (pipemare.py) or on this same version.
             with torch.no_grad():
-                out = self.module(x)
-            self._in_flight[mb] = _InFlight(x.detach(), out, [], v)
+                out = self._call(weights, x)
+            kept = [] if self.policy.recompute else weights
+            self._in_flight[mb] = _InFlight(x.detach(), out, kept, v, recompute=True)
             self._note_activations()
             return out, v
         if x.is_floating_point() and self.stage > 0:
             x = x.detach().requires_grad_(True)
-        if weights is self.params:
-            out = self.module(x)
-        else:
-            out = functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
+        out = self._call(weights, x)
         self._in_flight[mb] = _InFlight(x, out, weights, v)
         self._note_activations()
         return out, v
 
+    def _call(self, weights: list[Tensor], x: Tensor) -> Tensor:
+        if weights is self.params:
+            return self.module(x)
+        return functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
+
     def _note_activations(self) -> None:
-        held = sum((f.x if self.policy.recompute else f.out).numel()
-                   * (f.x if self.policy.recompute else f.out).element_size()
-                   for f in self._in_flight.values())
+        held = 0
+        for f in self._in_flight.values():
+            kept = f.x if f.recompute else f.out
+            held += kept.numel() * kept.element_size()
         self.peak_activation_bytes = max(self.peak_activation_bytes, held)
 
     def _recompute(self, f: _InFlight) -> None:
-        """The forward again, on the policy's backward weights, keeping its graph. The
-        caller has restored the micro-batch's RNG state (dropout masks match); buffers
-        (BatchNorm statistics) are put back as the first forward left them."""
-        weights = self.policy.backward_weights()
+        """The forward again, keeping its graph: on the policy's backward weights (async)
+        or on the version the forward used. The caller has restored the micro-batch's RNG
+        state (dropout masks match); buffers (BatchNorm statistics) are put back as the
+        first forward left them."""
+        weights = self.policy.backward_weights() if self.policy.recompute else f.weights
         if f.x.is_floating_point() and self.stage > 0:
             f.x = f.x.detach().requires_grad_(True)
         buffers = [b.detach().clone() for b in self.module.buffers()]
-        if weights is self.params:
-            f.out = self.module(f.x)
-        else:
-            f.out = functional_call(self.module, dict(zip(self.names, weights, strict=True)),
-                                    (f.x,))
+        f.out = self._call(weights, f.x)
         with torch.no_grad():
             for b, saved in zip(self.module.buffers(), buffers, strict=True):
                 b.copy_(saved)
@@ -158,7 +166,7 @@ class Stage:
         page fault per 4 KiB of them on every micro-batch, a third of a big stage's backward.
         """
         f = self._in_flight.pop(mb)
-        if self.policy.recompute:
+        if f.recompute:
             self._recompute(f)
         wants_x = f.x.requires_grad
         inputs = ([f.x] if wants_x else []) + list(f.weights)
@@ -228,4 +236,4 @@ class Stage:
     @property
     def recomputes(self) -> bool:
         """The backward recomputes the forward (its RNG state must be restored first)."""
-        return self.policy.recompute
+        return self.policy.recompute or self.recompute_activations
