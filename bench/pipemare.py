@@ -12,6 +12,7 @@ memory each stage held:
     async+T1        with the learning rate rescheduled by each stage's delay
     async+T1+T2     and the backward's weights extrapolated back (discrepancy correction)
     PipeMareW       async+T1+T2 after one synchronous (1f1b) epoch
+    ..., recompute  async+T1+T2 keeping only stage inputs, the backward recomputing
 
 Targets (MLP, whose digits it learns): async+T1+T2 within 0.5 points of 1f1b's final
 accuracy, with less weight memory on stage 0, at 1f1b's throughput or more. The CNN's
@@ -38,6 +39,8 @@ VARIANTS = {
     "async+T1+T2": ["--schedule", "async", "--t1", "{k}", "--t2", "0.1"],
     "PipeMareW": ["--schedule", "async", "--t1", "{k}", "--t2", "0.1",
                   "--sync-warmup-epochs", "1"],
+    "async+T1+T2, recompute": ["--schedule", "async", "--t1", "{k}", "--t2", "0.1",
+                               "--recompute"],
 }
 ACCURACY_POINTS = 0.5
 
@@ -60,7 +63,8 @@ def run_variant(model: str, flags: list[str], epochs: int, lr: float, steps: int
 def summarize(name: str, model: str, report: dict) -> dict:
     if "failed" in report:
         return {"model": model, "variant": name, "final accuracy": "failed",
-                "samples/s": "-", "weight sets held": "-", "extra weight MB": "-"}
+                "samples/s": "-", "weight sets held": "-", "extra weight MB": "-",
+                "activations MB": "-"}
     epochs = report["epochs"]
     return {
         "model": model,
@@ -69,6 +73,7 @@ def summarize(name: str, model: str, report: dict) -> dict:
         "samples/s": report["throughput_samples_per_s"],
         "weight sets held": "/".join(str(v) for v in report["peak_versions"]),
         "extra weight MB": "/".join(f"{m:.2f}" for m in report["peak_stash_mb"]),
+        "activations MB": "/".join(f"{m:.2f}" for m in report["peak_activation_mb"]),
         "accuracy by epoch": [e["accuracy"] for e in epochs],
         "seconds by epoch": [e["seconds"] for e in epochs],
     }

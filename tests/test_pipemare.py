@@ -95,7 +95,8 @@ def test_without_t2_the_backward_runs_on_the_live_weights():
     params = toy_params([[1.0]])
     policy = AsyncWeights(params, tau_fwd=3)
     assert policy.backward_weights() is policy.params and policy.extra_bytes == 0
-    assert policy.recompute and not AsyncWeights(params, tau_fwd=0).recompute
+    assert not policy.recompute and AsyncWeights(params, tau_fwd=3, recompute=True).recompute
+    assert not AsyncWeights(params, tau_fwd=0, recompute=True).recompute
 
 
 def make_stage(policy_factory, seed=0):
@@ -107,7 +108,7 @@ def make_stage(policy_factory, seed=0):
 
 def test_recomputed_backward_equals_the_stored_one_dropout_included():
     stored = make_stage(LatestWeights)
-    again = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=2))
+    again = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=2, recompute=True))
     assert again.recomputes and not stored.recomputes
     x = torch.randn(5, 6)
     grad_out = torch.randn(5, 4)
@@ -131,8 +132,39 @@ def test_recomputed_backward_equals_the_stored_one_dropout_included():
     assert not torch.allclose(again.take_gradient()[0], grads[1][1])
 
 
+def test_backward_reads_the_current_weights_and_the_forwards_activations():
+    # PipeMare's backward: the ReLU mask and saved inputs from the forward, the weights
+    # from after the steps taken while the micro-batch was in flight (T2: extrapolated).
+    for t2 in (None, 0.5):
+        stage = make_stage(lambda ps, t2=t2: AsyncWeights(
+            ps, tau_fwd=2, options=PipeMareOptions(t2_decay=t2)), seed=1)
+        stage.module.eval()  # no dropout: the reference below has none
+        w1, b1 = (p.detach().clone() for p in stage.params[:2])  # the forward's layer 1
+        x = torch.randn(5, 6)
+        stage.forward(0, x)
+        stage.forward(1, x)  # in flight across the steps
+        for _ in range(2):
+            stage.step(torch.randn_like(stage.grad_sum))
+        used = [u.detach().clone() for u in stage.policy.backward_weights()]
+        grad_out = torch.randn(5, 4)
+        stage.backward(0, grad_out)
+        grad = stage.take_gradient()[0]
+        # reference: activations of the forward's weights, the backward's weights after
+        h = x @ w1.T + b1
+        mask = (h > 0).to(h.dtype)
+        relu = h * mask
+        g_relu = (grad_out @ used[2]) * mask
+        want = torch.cat([(g_relu.T @ x).flatten(), g_relu.sum(0),
+                          (grad_out.T @ relu).flatten(), grad_out.sum(0)])
+        torch.testing.assert_close(grad, want)
+        if t2 is None:
+            assert all(torch.equal(u, p) for u, p in zip(used, stage.params, strict=True))
+        else:
+            assert not torch.equal(used[2], stage.params[2].detach())
+
+
 def test_async_holds_one_copy_of_the_weights_and_keeps_only_inputs():
-    stage = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=3))
+    stage = make_stage(lambda ps: AsyncWeights(ps, tau_fwd=3, recompute=True))
     x = torch.randn(5, 6)
     for mb in range(3):  # three micro-batches in flight, an update between them
         stage.forward(mb, x)
@@ -154,3 +186,10 @@ def test_bad_pipemare_settings_are_refused():
     with pytest.raises(ValueError, match="tau >= 0"):
         lemma1_bound(-1, 1.0)
     assert math.isfinite(lemma1_bound(0, 1.0))
+
+
+def test_a_stage_without_parameters_runs_t2_as_a_no_op():
+    policy = AsyncWeights([], tau_fwd=2, options=PipeMareOptions(t2_decay=0.1))
+    policy.before_update()
+    policy.after_update()
+    assert policy.backward_weights() == [] and policy.extra_bytes == 0

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: no budget)")
     parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe", "async"),
                         help="override the plan's schedule; async: PipeMare, one copy of "
-                        "the weights, the backward recomputing the forward")
+                        "the weights, each backward on the weights current then")
     parser.add_argument("--t1", type=int, metavar="K",
                         help="async: PipeMare's T1, each stage's learning rate divided by "
                         "its delay to a power annealed from 1 to 0 over K steps")
@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "back by the forward's delay with a velocity of decay D (e.g. 0.1)")
     parser.add_argument("--recompute", action="store_true",
                         help="keep only each micro-batch's input and recompute its forward "
-                        "in the backward, on the same weights (activation recomputation; "
-                        "async always recomputes)")
+                        "in the backward (activation recomputation): on the weights the "
+                        "forward used, or under async on the current ones")
     parser.add_argument("--sync-warmup-epochs", type=int, default=0, metavar="E",
                         help="async: run the first E epochs as 1f1b with weight stashing "
                         "(PipeMareW), then switch")

@@ -2,9 +2,12 @@
 weight stashing.
 
 Each stage holds one copy of its weights. A micro-batch's forward runs on the live
-weights and keeps no graph; its backward recomputes the stage's forward on the weights
-current at that moment (which is also activation recomputation) and differentiates that.
-Updates run while micro-batches are in flight, so stage i's gradient is computed at
+weights and keeps its activations, as any forward does; its backward runs on the weights
+current at that moment: wherever autograd saved a weight, the backward reads the current
+one instead (`torch.autograd.graph.saved_tensors_hooks`), so the live weights can be
+updated in place while micro-batches are in flight. With `recompute`, the forward keeps
+only its input and the backward recomputes it on the current weights (activation
+recomputation: less memory, a second forward). Stage i's gradient is thus computed at
 weights up to tau_fwd,i steps newer than those its forward activations came from
 (`schedule.delays`; 0 on the last stage, which runs each backward right after its
 forward). Two techniques keep that stable:
@@ -70,22 +73,26 @@ class AsyncWeights(WeightPolicy):
         params: the stage's live parameters.
         tau_fwd, tau_bkwd: the stage's delays in optimizer steps (`schedule.delays`).
         options: T1 and T2.
+        recompute: keep only the input and recompute the forward in the backward.
     """
 
     name = "async"
+    # The backward reads the current weights where autograd saved the forward's.
+    backward_on_current_weights = True
 
     def __init__(self, params: list[nn.Parameter], tau_fwd: int, tau_bkwd: int = 0,
-                 options: PipeMareOptions | None = None) -> None:
+                 options: PipeMareOptions | None = None, recompute: bool = False) -> None:
         super().__init__(params)
         self.tau_fwd, self.tau_bkwd = tau_fwd, tau_bkwd
         self.options = options or PipeMareOptions()
-        # A stage whose backward follows its forward with no step between keeps its graph.
-        self.recompute = tau_fwd > 0
+        # A stage whose backward follows its forward with no step between needs neither.
+        self.recompute = recompute and tau_fwd > 0
         shift = tau_fwd - tau_bkwd
         self.shift = shift
         self._delta: list[Tensor] | None = None
         self._predicted: list[Tensor] | None = None
-        if self.options.t2_decay is not None and shift > 0:
+        self._predicted_at = -1  # the version `_predicted` was extrapolated from
+        if self.options.t2_decay is not None and shift > 0 and self.params:
             self.gamma = self.options.t2_decay ** (1.0 / shift)
             self._delta = [torch.zeros_like(p, requires_grad=False) for p in self.params]
         self._in_flight: set[int] = set()
@@ -112,27 +119,30 @@ class AsyncWeights(WeightPolicy):
         if self._predicted is None:
             self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
                                for p in self.params]
-        with torch.no_grad():
-            for u, w, d in zip(self._predicted, self.params, self._delta, strict=True):
-                u.copy_(w).sub_(d, alpha=self.shift)
+        if self._predicted_at != self.version:  # w and delta change only at a step
+            with torch.no_grad():
+                for u, w, d in zip(self._predicted, self.params, self._delta, strict=True):
+                    torch.sub(w, d, alpha=self.shift, out=u)
+            self._predicted_at = self.version
         return self._predicted
 
     # delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t), in two halves around the step so
-    # that no copy of w_t is needed.
+    # that no copy of w_t is needed; one multi-tensor kernel per half.
     def before_update(self) -> None:
         if self._delta is None:
             return
         with torch.no_grad():
-            for d, w in zip(self._delta, self.params, strict=True):
-                d.mul_(self.gamma).sub_(w, alpha=1.0 - self.gamma)
+            torch._foreach_mul_(self._delta, self.gamma)
+            torch._foreach_add_(self._delta, [p.detach() for p in self.params],
+                                alpha=-(1.0 - self.gamma))
 
     def after_update(self) -> None:
         super().after_update()
         if self._delta is None:
             return
         with torch.no_grad():
-            for d, w in zip(self._delta, self.params, strict=True):
-                d.add_(w, alpha=1.0 - self.gamma)
+            torch._foreach_add_(self._delta, [p.detach() for p in self.params],
+                                alpha=1.0 - self.gamma)
 
     def resume_steps(self, steps: int) -> None:
         self.version = steps

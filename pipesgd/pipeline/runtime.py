@@ -74,8 +74,8 @@ class Pipeline:
             PipeMare's `AsyncWeights`.
         pipemare: T1 and T2 of the "async" schedule (`pipemare.PipeMareOptions`).
         recompute: every stage but the last keeps only each micro-batch's input and
-            recomputes its forward in the backward, on the same weights (activation
-            recomputation; "async" always recomputes).
+            recomputes its forward in the backward (activation recomputation): on the
+            version the forward used, or under "async" on the current weights.
         vertical_sync: shorthand for weight_policy="vertical".
         compression, staleness: gradient all-reduce of replicated stages (engine).
         seed: layer initialization and per-micro-batch RNG (dropout) seed. The replicas of
@@ -128,6 +128,7 @@ class Pipeline:
         if weight_policy is None:
             weight_policy = "latest" if plan.schedule == "gpipe" else "stash"
         self.pipemare = pipemare or PipeMareOptions()
+        self.recompute = recompute
         if weight_policy == "vertical" and any(s.replicas > 1 for s in plan.stages):
             raise PlanError(
                 "vertical sync needs one version counter per stage; it does not combine with "
@@ -179,7 +180,8 @@ class Pipeline:
         if plan.schedule != "async":
             return lambda params: make_policy(weight_policy, params)
         tau_fwd, tau_bkwd = sched.delays(plan)[self.stage_id]
-        return lambda params: AsyncWeights(params, tau_fwd, tau_bkwd, self.pipemare)
+        return lambda params: AsyncWeights(params, tau_fwd, tau_bkwd, self.pipemare,
+                                           recompute=self.recompute)
 
     def use_schedule(self, schedule: str) -> None:
         """Switch the schedule between epochs, e.g. from synchronous warm-up epochs

@@ -75,6 +75,8 @@ class Stage:
         self._in_flight: dict[int, _InFlight] = {}
         self.peak_activation_bytes = 0
         self.steps = 0  # optimizer steps of the live parameters, resumes included
+        self._storages = {p.untyped_storage().data_ptr(): i for i, p in enumerate(self.params)}
+        self._backward_weights: list[Tensor] = self.params
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         views, offset = [], 0
@@ -120,10 +122,29 @@ class Stage:
             return out, v
         if x.is_floating_point() and self.stage > 0:
             x = x.detach().requires_grad_(True)
-        out = self._call(weights, x)
+        if self.policy.backward_on_current_weights:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+                out = self._call(weights, x)
+        else:
+            out = self._call(weights, x)
         self._in_flight[mb] = _InFlight(x, out, weights, v)
         self._note_activations()
         return out, v
+
+    # Asynchronous weights (pipemare.py): autograd saves a marker instead of a live weight
+    # (or a view of it), and the backward reads the weights current then. No version
+    # check applies to what the hooks return, so the live weights may step in between.
+    def _pack(self, t: Tensor) -> Tensor | tuple[int, tuple[int, ...], tuple[int, ...], int]:
+        i = self._storages.get(t.untyped_storage().data_ptr())
+        if i is None:
+            return t
+        return (i, tuple(t.size()), t.stride(), t.storage_offset())
+
+    def _unpack(self, saved: Tensor | tuple) -> Tensor:
+        if isinstance(saved, Tensor):
+            return saved
+        i, size, stride, offset = saved
+        return torch.as_strided(self._backward_weights[i], size, stride, offset)
 
     def _call(self, weights: list[Tensor], x: Tensor) -> Tensor:
         if weights is self.params:
@@ -168,6 +189,8 @@ class Stage:
         f = self._in_flight.pop(mb)
         if f.recompute:
             self._recompute(f)
+        elif self.policy.backward_on_current_weights:
+            self._backward_weights = self.policy.backward_weights()
         wants_x = f.x.requires_grad
         inputs = ([f.x] if wants_x else []) + list(f.weights)
         if self.grad_count == 0:  # the first micro-batch of a round starts from zero

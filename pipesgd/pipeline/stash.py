@@ -44,6 +44,8 @@ class WeightPolicy(ABC):
     name = "policy"
     # The forward keeps no graph; the backward recomputes it on `backward_weights()`.
     recompute = False
+    # The backward reads `backward_weights()` wherever autograd saved a weight.
+    backward_on_current_weights = False
 
     def __init__(self, params: list[nn.Parameter]) -> None:
         self.params = list(params)
