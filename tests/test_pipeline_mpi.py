@@ -131,7 +131,7 @@ def test_cli_runs_async_with_t1_t2_and_a_synchronous_warmup(tmp_path):
 
     base = [*mpirun_command(3), sys.executable, "-m", "pipesgd.cli", "pipeline",
             "--model", "mlp", "--steps", "12", "--micro-batch", "8", "--no-progress"]
-    cmd = [*base, "--schedule", "async", "--t1", "100", "--t2", "0.1",
+    cmd = [*base, "--schedule", "async", "--t1", "100", "--t2", "0.1", "--recompute", "0",
            "--sync-warmup-epochs", "1", "--epochs", "2", "--json", str(tmp_path / "r.json")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
                           timeout=120)

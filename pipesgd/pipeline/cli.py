@@ -46,10 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--t2", type=float, metavar="D",
                         help="async: PipeMare's T2, the backward's weights extrapolated "
                         "back by the forward's delay with a velocity of decay D (e.g. 0.1)")
-    parser.add_argument("--recompute", action="store_true",
+    parser.add_argument("--recompute", nargs="?", const="all", metavar="STAGES",
                         help="keep only each micro-batch's input and recompute its forward "
                         "in the backward (activation recomputation): on the weights the "
-                        "forward used, or under async on the current ones")
+                        "forward used, or under async on the current ones; every stage, "
+                        "or those listed (e.g. 0,1)")
     parser.add_argument("--sync-warmup-epochs", type=int, default=0, metavar="E",
                         help="async: run the first E epochs as 1f1b with weight stashing "
                         "(PipeMareW), then switch")
@@ -112,6 +113,16 @@ def pipemare_options(args: argparse.Namespace, plan) -> PipeMareOptions | None:
         return PipeMareOptions(args.t1, args.t2)
     except ValueError as exc:
         raise SystemExit(f"pipesgd pipeline: {exc}") from exc
+
+
+def recompute_stages(text: str | None) -> bool | list[int]:
+    if text is None or text == "all":
+        return text == "all"
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"pipesgd pipeline: --recompute takes stage numbers such as 0,1, "
+                         f"got {text!r}") from None
 
 
 def format_delays(delays: list[tuple[int, int]]) -> str:
@@ -218,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
                         lr=lr, momentum=args.momentum, seed=args.seed,
                         vertical_sync=args.vertical_sync, compression=args.compression,
                         staleness=args.staleness, pipemare=pipemare,
-                        recompute=args.recompute)
+                        recompute=recompute_stages(args.recompute))
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):

@@ -73,9 +73,10 @@ class Pipeline:
             "vertical", or a `WeightPolicy` subclass; schedule "async" always runs
             PipeMare's `AsyncWeights`.
         pipemare: T1 and T2 of the "async" schedule (`pipemare.PipeMareOptions`).
-        recompute: every stage but the last keeps only each micro-batch's input and
-            recomputes its forward in the backward (activation recomputation): on the
-            version the forward used, or under "async" on the current weights.
+        recompute: True, or the stages that keep only each micro-batch's input and
+            recompute its forward in the backward (activation recomputation): on the
+            version the forward used, or under "async" on the current weights. The last
+            stage never does (its loss needs the labels).
         vertical_sync: shorthand for weight_policy="vertical".
         compression, staleness: gradient all-reduce of replicated stages (engine).
         seed: layer initialization and per-micro-batch RNG (dropout) seed. The replicas of
@@ -105,7 +106,7 @@ class Pipeline:
         seed: int = 0,
         record_timeline: bool = True,
         pipemare: PipeMareOptions | None = None,
-        recompute: bool = False,
+        recompute: bool | Sequence[int] = False,
     ) -> None:
         if not isinstance(model, LayerModel):
             model = from_modules(list(model), input_shape=(), num_classes=0)
@@ -128,6 +129,12 @@ class Pipeline:
         if weight_policy is None:
             weight_policy = "latest" if plan.schedule == "gpipe" else "stash"
         self.pipemare = pipemare or PipeMareOptions()
+        if not isinstance(recompute, bool):
+            stages = set(recompute)
+            if not stages <= set(range(plan.num_stages)):
+                raise PlanError(f"recompute names stages {sorted(stages)} but the plan has "
+                                f"stages 0..{plan.num_stages - 1}")
+            recompute = self.stage_id in stages
         self.recompute = recompute
         if weight_policy == "vertical" and any(s.replicas > 1 for s in plan.stages):
             raise PlanError(

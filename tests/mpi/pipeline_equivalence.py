@@ -146,7 +146,7 @@ def main():
         plan = bounds.replace(schedule=schedule, micro_batch=MB,
                               micro_batches_per_step=4 if schedule == "gpipe" else 1)
         kept = []
-        for recompute in (False, True):
+        for recompute in (False, [0, 1]):
             pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED, recompute=recompute)
             stats = pipe.train_epoch(data, 0)
             kept.append(stats.peak_activation_mb)
