@@ -50,23 +50,23 @@ def sanitized_build() -> Path:
 SAN_ENV = {"ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1"}
 
 
-def test_kernels_under_sanitizers(sanitized_build: Path) -> None:
-    exe = sanitized_build / "test_kernels"
+def run_selftest(build: Path, name: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the single-process self-test `name` of the sanitized build."""
+    exe = build / name
     if not exe.exists():
-        pytest.fail("test_kernels was not built")
-    result = subprocess.run(
-        [str(exe)], env=mpi_env(SAN_ENV), capture_output=True, text=True, timeout=300
+        pytest.fail(f"{name} was not built")
+    return subprocess.run(
+        [str(exe)], env=mpi_env(SAN_ENV), capture_output=True, text=True, timeout=timeout
     )
+
+
+def test_kernels_under_sanitizers(sanitized_build: Path) -> None:
+    result = run_selftest(sanitized_build, "test_kernels", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_path_tuner_under_sanitizers(sanitized_build: Path) -> None:
-    exe = sanitized_build / "test_path_tuner"
-    if not exe.exists():
-        pytest.fail("test_path_tuner was not built")
-    result = subprocess.run(
-        [str(exe)], env=mpi_env(SAN_ENV), capture_output=True, text=True, timeout=60
-    )
+    result = run_selftest(sanitized_build, "test_path_tuner", timeout=60)
     assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
 
 
