@@ -63,3 +63,16 @@ def test_no_plan_within_memory_exits_2_on_every_rank():
         assert re.search(rf"rank {rank}: error: no plan fits 1 kB per worker; the smallest "
                          r"budget that fits is \d+ bytes", proc.stdout), proc.stdout
     assert "epoch 0" not in proc.stdout
+
+
+def test_summary_says_when_the_run_changed_the_chosen_plan():
+    from pipesgd.pipeline.auto_plan import AutoPlan
+    from pipesgd.pipeline.plan import Plan
+
+    chosen = Plan.even(6, 2, micro_batch=8)
+    auto = AutoPlan(chosen, "pipedream", 500.0, "pipedream", "", None, {}, {}, "given",
+                    None, 8, 8, 1)
+    assert auto.summary(450.0, chosen) == \
+        "auto plan (pipedream): predicted 500 samples/s, measured 450 samples/s"
+    changed = auto.summary(450.0, chosen.replace(schedule="gpipe"))
+    assert "the prediction is for" in changed and "gpipe" in changed

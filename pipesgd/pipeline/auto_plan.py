@@ -87,9 +87,15 @@ class AutoPlan:
             "profile": self.profile,
         }
 
-    def summary(self, measured_samples_per_s: float) -> str:
-        return (f"auto plan ({self.planner}): predicted {self.predicted_samples_per_s:.0f} "
+    def summary(self, measured_samples_per_s: float, ran: Plan | None = None) -> str:
+        """Prediction beside measurement; `ran`: the plan that ran, if --schedule or
+        --micro-batch changed the chosen one (the prediction is then for another plan)."""
+        line = (f"auto plan ({self.planner}): predicted {self.predicted_samples_per_s:.0f} "
                 f"samples/s, measured {measured_samples_per_s:.0f} samples/s")
+        if ran is not None and describe_plan(ran) != describe_plan(self.plan):
+            line += (f" (the prediction is for {describe_plan(self.plan)}; this run changed "
+                     f"it to {describe_plan(ran)})")
+        return line
 
 
 def describe_plan(plan: Plan) -> str:

@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             if out is not None:
                 print(f"timeline: {out / 'timeline.json'} {out / 'timeline.png'}")
         if auto is not None and rank == 0 and history:
-            print(auto.summary(history[-1]["throughput_samples_per_s"]), flush=True)
+            print(auto.summary(history[-1]["throughput_samples_per_s"], plan), flush=True)
         if args.json and rank == 0 and history:
             last = history[-1]
             report = {
