@@ -3,8 +3,8 @@
     .venv/bin/python bench/pipemare.py                 # MLP on digits and CNN, 4 stages
 
 Every variant trains the same model from the same seed through `pipesgd pipeline` on 4
-ranks (a new `mpirun` each), and the run's JSON gives accuracy, samples/s and the weight
-memory each stage held:
+ranks, three times (a new `mpirun` each; samples/s is the median), and the run's JSON
+gives accuracy, samples/s and the weight memory each stage held:
 
     gpipe           synchronous (flush every 4 micro-batches)
     1f1b            PipeDream's weight stashing, a step per micro-batch
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +61,7 @@ def run_variant(model: str, flags: list[str], epochs: int, lr: float, steps: int
         return json.loads(out.read_text())
 
 
-def summarize(name: str, model: str, report: dict) -> dict:
+def summarize(name: str, model: str, report: dict, speeds: list[float]) -> dict:
     if "failed" in report:
         return {"model": model, "variant": name, "final accuracy": "failed",
                 "samples/s": "-", "weight sets held": "-", "extra weight MB": "-",
@@ -70,7 +71,8 @@ def summarize(name: str, model: str, report: dict) -> dict:
         "model": model,
         "variant": name,
         "final accuracy": report["accuracy"],
-        "samples/s": report["throughput_samples_per_s"],
+        "samples/s": statistics.median(speeds),
+        "samples/s, each run": speeds,
         "weight sets held": "/".join(str(v) for v in report["peak_versions"]),
         "extra weight MB": "/".join(f"{m:.2f}" for m in report["peak_stash_mb"]),
         "activations MB": "/".join(f"{m:.2f}" for m in report["peak_activation_mb"]),
@@ -132,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=0.1, help="MLP learning rate")
     ap.add_argument("--t1-steps", type=int, default=600, help="T1's annealing steps K")
     ap.add_argument("--cnn-steps", type=int, default=40, help="CNN optimizer steps (0: skip)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each variant (a new mpirun each); samples/s is their "
+                    "median, accuracy the first run's (the runs are seeded alike)")
     args = ap.parse_args(argv)
 
     rows = []
@@ -143,10 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             if model == "cnn" and name == "PipeMareW":
                 continue  # one epoch: no room for a warm-up epoch
             flags = [f.format(k=args.t1_steps) for f in flags]
-            report = run_variant(model, flags, epochs, lr, steps, args.ranks)
-            rows.append(summarize(name, model, report))
+            reports = [run_variant(model, flags, epochs, lr, steps, args.ranks)
+                       for _ in range(args.repeats)]
+            speeds = [r["throughput_samples_per_s"] for r in reports if "failed" not in r]
+            rows.append(summarize(name, model, reports[0], speeds))
             print(f"  {model} {name} done", flush=True)
-    print_table([{k: v for k, v in r.items() if "by epoch" not in k} for r in rows],
+    print_table([{k: v for k, v in r.items() if "by epoch" not in k and "each run" not in k}
+                 for r in rows],
                 f"PipeMare against stashing and GPipe, {args.ranks} stages")
     lines = verdicts(rows)
     for line in lines:

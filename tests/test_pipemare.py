@@ -88,7 +88,7 @@ def test_t2_velocity_and_extrapolation_match_the_recursion():
         # the live weights are untouched: the backward runs on a separate tensor
         assert all(torch.equal(a, b) for a, b in zip(live, params, strict=True))
         assert all(u is not w for u, w in zip(used, params, strict=True))
-    assert policy.extra_bytes == 2 * 3 * 8  # the velocity and the extrapolated copy
+    assert policy.extra_bytes == 3 * 8  # the extrapolated copy; the velocity is implicit
 
 
 def test_without_t2_the_backward_runs_on_the_live_weights():

@@ -17,11 +17,11 @@ forward). Two techniques keep that stable:
 - T2, discrepancy correction: the backward runs on u = w - (tau_fwd - tau_bkwd) * delta,
   the weights extrapolated back towards the forward's, with the velocity
   delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t) and gamma_i = D^(1 / (tau_fwd,i -
-  tau_bkwd,i)) (`t2_decay` = D). The live weights are never touched: the backward runs
-  on a separate tensor of u.
+  tau_bkwd,i)) (`t2_decay` = D). The live weights are never touched: u is a tensor of
+  its own, kept up to date around each step, and delta is implicit in it.
 
 Memory per stage: the weights once (WeightStash keeps up to NOAM - i copies), plus with T2
-the velocity and the extrapolated weights.
+one more copy, u.
 """
 
 from __future__ import annotations
@@ -89,12 +89,13 @@ class AsyncWeights(WeightPolicy):
         self.recompute = recompute and tau_fwd > 0
         shift = tau_fwd - tau_bkwd
         self.shift = shift
-        self._delta: list[Tensor] | None = None
+        # T2 keeps u = w - shift * delta itself, not delta: one buffer, updated in place
+        # around each step (see before_update), which the backward reads as it is.
         self._predicted: list[Tensor] | None = None
-        self._predicted_at = -1  # the version `_predicted` was extrapolated from
         if self.options.t2_decay is not None and shift > 0 and self.params:
             self.gamma = self.options.t2_decay ** (1.0 / shift)
-            self._delta = [torch.zeros_like(p, requires_grad=False) for p in self.params]
+            self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
+                               for p in self.params]
         self._in_flight: set[int] = set()
 
     @property
@@ -106,7 +107,7 @@ class AsyncWeights(WeightPolicy):
     ) -> tuple[int, list[Tensor]]:
         self._in_flight.add(mb)
         self.peak_versions = 1
-        # the live parameters are no copy; T2's velocity and extrapolated weights are
+        # the live parameters are no copy; T2's extrapolated weights are
         self.peak_bytes = max(self.peak_bytes, self.extra_bytes)
         return self.version, self.params
 
@@ -114,35 +115,29 @@ class AsyncWeights(WeightPolicy):
         self._in_flight.discard(mb)
 
     def backward_weights(self) -> list[Tensor]:
-        if self._delta is None:
-            return self.params
-        if self._predicted is None:
-            self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
-                               for p in self.params]
-        if self._predicted_at != self.version:  # w and delta change only at a step
-            with torch.no_grad():
-                for u, w, d in zip(self._predicted, self.params, self._delta, strict=True):
-                    torch.sub(w, d, alpha=self.shift, out=u)
-            self._predicted_at = self.version
-        return self._predicted
+        return self.params if self._predicted is None else self._predicted
 
-    # delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t), in two halves around the step so
-    # that no copy of w_t is needed; one multi-tensor kernel per half.
+    # With delta_t = (w_t - u_t) / s, PipeMare's delta_{t+1} = gamma delta_t +
+    # (1 - gamma)(w_{t+1} - w_t) gives u_{t+1} = gamma u_t + (s(1 - gamma) - gamma) w_t
+    # + (1 - s(1 - gamma)) w_{t+1}: the w_t half before the step, the w_{t+1} half after,
+    # so neither delta nor a copy of w_t is kept.
     def before_update(self) -> None:
-        if self._delta is None:
+        if self._predicted is None:
             return
+        c = self.shift * (1.0 - self.gamma)
         with torch.no_grad():
-            torch._foreach_mul_(self._delta, self.gamma)
-            torch._foreach_add_(self._delta, [p.detach() for p in self.params],
-                                alpha=-(1.0 - self.gamma))
+            torch._foreach_mul_(self._predicted, self.gamma)
+            torch._foreach_add_(self._predicted, [p.detach() for p in self.params],
+                                alpha=c - self.gamma)
 
     def after_update(self) -> None:
         super().after_update()
-        if self._delta is None:
+        if self._predicted is None:
             return
+        c = self.shift * (1.0 - self.gamma)
         with torch.no_grad():
-            torch._foreach_add_(self._delta, [p.detach() for p in self.params],
-                                alpha=1.0 - self.gamma)
+            torch._foreach_add_(self._predicted, [p.detach() for p in self.params],
+                                alpha=1.0 - c)
 
     def resume_steps(self, steps: int) -> None:
         self.version = steps
@@ -152,9 +147,9 @@ class AsyncWeights(WeightPolicy):
 
     @property
     def extra_bytes(self) -> int:
-        """What T2 holds besides the weights: the velocity and the extrapolated copy."""
-        copies = (self._delta is not None) + (self._predicted is not None)
-        return copies * self._param_bytes
+        """What T2 holds besides the weights: the extrapolated copy (the velocity is
+        implicit in it)."""
+        return 0 if self._predicted is None else self._param_bytes
 
 
 __all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "t1_scale"]
