@@ -1,7 +1,6 @@
 #include "engine.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
@@ -214,21 +213,22 @@ void Engine::run_on_tuned_path(Operation& op) {
   }
   const PathTuner::Choice choice =
       tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
-  // Timed from the neighbour's header on: a peer that starts late (compute skew in a
-  // training loop) says nothing about the path.
+  const auto start = std::chrono::steady_clock::now();
+  ring_allreduce(*ctx_, workspace_, op,
+                 choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
   const double seconds =
-      ring_allreduce(*ctx_, workspace_, op,
-                     choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!tuner_.record(choice, seconds)) return;
-  // The ring runs at its slowest rank's pace, and every rank must decide alike.
-  std::array<double, 2> mine = tuner_.totals(choice.size_class), slowest{};
+  // Each trial at its shortest over the ranks: the last rank to arrive did not wait for
+  // the others (path_tuner.h). Every rank decides alike from the same figures.
+  PathTuner::TrialTimes mine = tuner_.trial_times(choice.size_class), shortest{};
   MPI_Request req = MPI_REQUEST_NULL;
   const int left = (rank_ + size_ - 1) % size_;
-  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), slowest.data(), 2, MPI_DOUBLE, MPI_MAX,
-                               ctx_->comm(), &req),
+  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kTimed, MPI_DOUBLE,
+                               MPI_MIN, ctx_->comm(), &req),
                 -1);
   ctx_->wait(req, op, left, "agreeing with every rank on the faster path", false);
-  tuner_.decide(choice.size_class, slowest);
+  tuner_.decide(choice.size_class, shortest);
 }
 
 void Engine::comm_thread_main() {

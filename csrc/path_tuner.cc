@@ -25,9 +25,11 @@ PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
   c.timed = trial >= 2 * kWarmupsPerPath;
   // Warm-ups alternate; timed trials go links, messages, messages, links, ... so that a
   // trend (the first operations on a fresh buffer are slower) weighs on both alike.
-  const int j = c.timed ? trial - 2 * kWarmupsPerPath : trial;
-  const bool links_turn = c.timed ? (j % 4 == 0 || j % 4 == 3) : j % 2 == 0;
-  c.path = links_turn ? RingPathKind::kLinks : RingPathKind::kMessages;
+  if (c.timed) {
+    c.path = timed_path(trial - 2 * kWarmupsPerPath);
+  } else {
+    c.path = trial % 2 == 0 ? RingPathKind::kLinks : RingPathKind::kMessages;
+  }
   return c;
 }
 
@@ -35,19 +37,23 @@ bool PathTuner::record(const Choice& choice, double seconds) {
   if (choice.size_class < 0) return false;
   ClassState& s = classes_[choice.size_class];
   if (s.decided) return false;
-  if (choice.timed) s.seconds[static_cast<int>(choice.path)] += seconds;
+  if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - 2 * kWarmupsPerPath)] = seconds;
   return ++s.trials == kTrials;
 }
 
-std::array<double, 2> PathTuner::totals(int size_class) const {
+PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
   const auto it = classes_.find(size_class);
-  return it == classes_.end() ? std::array<double, 2>{0.0, 0.0} : it->second.seconds;
+  return it == classes_.end() ? TrialTimes{} : it->second.seconds;
 }
 
-void PathTuner::decide(int size_class, const std::array<double, 2>& slowest_totals) {
+void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
+  double total[2] = {0.0, 0.0};  // links, messages
+  for (int j = 0; j < kTimed; ++j) {
+    total[static_cast<int>(timed_path(j))] += shortest_over_ranks[static_cast<std::size_t>(j)];
+  }
   ClassState& s = classes_[size_class];
   s.decided = true;
-  s.path = slowest_totals[1] < slowest_totals[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
+  s.path = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
 }
 
 std::map<std::size_t, RingPathKind> PathTuner::decided() const {

@@ -14,9 +14,11 @@
 //
 // Per size class (operations of [2^k, 2^(k+1)) bytes from kTunedFromBytes, uncompressed),
 // the first kWarmupsPerPath operations on each path are not timed, the next
-// kTimedPerPath on each path are, interleaved; then the ranks agree on the slowest
-// rank's totals and the class keeps the faster path for good. Everything else takes the
-// links.
+// kTimedPerPath on each path are, interleaved. Each timed operation counts at its
+// shortest over the ranks: ranks reach an operation at different times (compute skew in a
+// training loop), the early ones wait for the late one, and the last to arrive measures
+// the transfer alone. The per-path sums of those decide, alike on every rank, and the
+// class keeps the faster path for good. Everything else takes the links.
 #pragma once
 
 #include <array>
@@ -42,13 +44,17 @@ class PathTuner {
   // The path for an operation of `bytes` (before compression). Every rank asks with the
   // same operations in the same order and gets the same answers.
   Choice choose(std::size_t bytes, bool compressed) const;
+  static constexpr int kTimed = 2 * kTimedPerPath;
+  using TrialTimes = std::array<double, kTimed>;
+
   // Counts the operation choose() was asked for, with its seconds on this rank when
-  // timed. Returns true when its class has had all its trials: the caller then finds
-  // the slowest rank's totals (totals(), an allreduce with MAX) and calls decide().
+  // timed. Returns true when its class has had all its trials: the caller then takes
+  // each timed trial's shortest time over the ranks (trial_times(), an allreduce with
+  // MIN) and calls decide() with them.
   bool record(const Choice& choice, double seconds);
-  // This rank's timed seconds of a class, per path.
-  std::array<double, 2> totals(int size_class) const;
-  void decide(int size_class, const std::array<double, 2>& slowest_totals);
+  // This rank's seconds of a class's timed trials, in trial order.
+  TrialTimes trial_times(int size_class) const;
+  void decide(int size_class, const TrialTimes& shortest_over_ranks);
 
   // The decided classes: 2^k (bytes) and the path kept.
   std::map<std::size_t, RingPathKind> decided() const;
@@ -56,11 +62,15 @@ class PathTuner {
  private:
   struct ClassState {
     int trials = 0;  // operations counted so far
-    std::array<double, 2> seconds{0.0, 0.0};
+    TrialTimes seconds{};
     bool decided = false;
     RingPathKind path = RingPathKind::kLinks;
   };
-  static constexpr int kTrials = 2 * (kWarmupsPerPath + kTimedPerPath);
+  static constexpr int kTrials = 2 * kWarmupsPerPath + kTimed;
+  // The path of timed trial j: links, messages, messages, links, ...
+  static RingPathKind timed_path(int j) {
+    return j % 4 == 0 || j % 4 == 3 ? RingPathKind::kLinks : RingPathKind::kMessages;
+  }
   std::map<int, ClassState> classes_;
 };
 

@@ -35,7 +35,6 @@
 #include "allreduce/ring.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -141,13 +140,6 @@ class RingRun {
     }
   }
 
-  // Seconds from the left neighbour's matching header to the end: the transfer itself,
-  // without the wait for a late neighbour to start.
-  double seconds_since_header() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - header_matched_)
-        .count();
-  }
-
  private:
   unsigned char* local(std::size_t elem_offset) const {
     return static_cast<unsigned char*>(op_.data) + elem_offset * elem_;
@@ -222,10 +214,7 @@ class RingRun {
 
   // Fails every rank unless the left neighbour's header matches this rank's own.
   void check_headers(bool theirs_valid) {
-    if (theirs_valid && headers_match(mine_, theirs_)) {
-      header_matched_ = std::chrono::steady_clock::now();
-      return;
-    }
+    if (theirs_valid && headers_match(mine_, theirs_)) return;
     const std::string message =
         "collective mismatch at " + std::string("allreduce #") + std::to_string(op_.seq) +
         ": rank " + std::to_string(rank_) + " submitted " + header_shape(mine_) +
@@ -462,7 +451,6 @@ class RingRun {
 
   Header mine_{};
   Header theirs_{};
-  std::chrono::steady_clock::time_point header_matched_ = std::chrono::steady_clock::now();
   MPI_Request header_send_ = MPI_REQUEST_NULL;
   MPI_Request header_recv_ = MPI_REQUEST_NULL;
   std::vector<MPI_Request> recvs_;
@@ -478,17 +466,15 @@ class RingRun {
 
 }  // namespace
 
-double ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path) {
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path) {
   if (op.compression != Compression::kNone && op.dtype != DType::kFloat32) {
     throw OpFailure(FailureKind::kInvalid, std::string("compression '") +
                                                compression_name(op.compression) +
                                                "' needs float32 data, got " + dtype_name(op.dtype));
   }
   // One rank: the sum is the data itself and the average divides by one.
-  if (ctx.size() == 1) return 0.0;
-  RingRun run(ctx, ws, op, path);
-  run.run();
-  return run.seconds_since_header();
+  if (ctx.size() == 1) return;
+  RingRun(ctx, ws, op, path).run();
 }
 
 }  // namespace pipesgd

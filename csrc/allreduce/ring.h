@@ -21,9 +21,8 @@ struct RingPath {
 };
 
 // Runs `op` to completion on ctx's communicator along `path`; every rank must call it
-// for the same sequence number with the same path. Returns the seconds from the left
-// neighbour's matching header to the end (the transfer, not the wait for a late start).
-// Throws OpFailure on mismatch, abort or MPI error.
-double ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path);
+// for the same sequence number with the same path. Throws OpFailure on mismatch, abort
+// or MPI error.
+void ring_allreduce(CommContext& ctx, Workspace& ws, Operation& op, const RingPath& path);
 
 }  // namespace pipesgd

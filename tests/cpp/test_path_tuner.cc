@@ -1,5 +1,5 @@
 // The path tuner's decisions, without MPI: which operations are tried on which path,
-// which are timed, and that the slowest rank's totals decide (path_tuner.h).
+// which are timed, and that the agreed per-trial times decide (path_tuner.h).
 #include <cstdio>
 #include <cstdlib>
 
@@ -24,8 +24,8 @@ constexpr RingPathKind L = RingPathKind::kLinks;
 constexpr RingPathKind M = RingPathKind::kMessages;
 
 // Runs a class's trials, each path taking `links_s` / `messages_s` per operation, and
-// returns the totals this rank would send to the agreement.
-std::array<double, 2> run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
+// returns the trial times this rank would send to the agreement.
+PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
                                  double messages_s) {
   const RingPathKind order[] = {L, M, L, M, M, L};
   const bool timed[] = {false, false, true, true, true, true};
@@ -36,9 +36,9 @@ std::array<double, 2> run_trials(PathTuner& tuner, std::size_t bytes, double lin
     EXPECT(c.timed == timed[k], "warm-ups are not timed");
     const bool last = tuner.record(c, c.path == L ? links_s : messages_s);
     EXPECT(last == (k == 5), "the class is complete after its sixth trial");
-    if (last) return tuner.totals(c.size_class);
+    if (last) return tuner.trial_times(c.size_class);
   }
-  return {0.0, 0.0};
+  return {};
 }
 
 }  // namespace
@@ -61,9 +61,10 @@ int main() {
     PathTuner tuner;
     // Messages twice as fast: after the trials every operation of the class goes as
     // messages, untimed; 5 and 7.9 MiB are the 4 MiB class, 8 MiB is another.
-    const std::array<double, 2> totals = run_trials(tuner, 5 * kMiB, 2.0, 1.0);
-    EXPECT(totals[0] == 4.0 && totals[1] == 2.0, "only the timed trials count");
-    tuner.decide(22, totals);
+    const PathTuner::TrialTimes times = run_trials(tuner, 5 * kMiB, 2.0, 1.0);
+    EXPECT(times[0] == 2.0 && times[1] == 1.0 && times[2] == 1.0 && times[3] == 2.0,
+           "the timed trials, in order: links, messages, messages, links");
+    tuner.decide(22, times);
     const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
     EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
     EXPECT(!tuner.record(after, 9.0), "a decided class learns nothing more");
@@ -74,14 +75,15 @@ int main() {
   }
   {
     PathTuner tuner;
-    // This rank found the messages faster, but the slowest rank's totals decide.
+    // This rank found the messages faster, but the shortest times over the ranks (what
+    // the agreement hands every rank) decide: links 1 + 1.5, messages 2 + 2.
     run_trials(tuner, 16 * kMiB, 2.0, 1.0);
-    tuner.decide(24, {3.0, 5.0});
-    EXPECT(tuner.choose(16 * kMiB, false).path == L, "the slowest rank's totals decide");
+    tuner.decide(24, {1.0, 2.0, 2.0, 1.5});
+    EXPECT(tuner.choose(16 * kMiB, false).path == L, "the agreed times decide");
     // A tie keeps the links.
     PathTuner tied;
     run_trials(tied, 16 * kMiB, 1.0, 1.0);
-    tied.decide(24, {2.0, 2.0});
+    tied.decide(24, {1.0, 1.0, 1.0, 1.0});
     EXPECT(tied.choose(16 * kMiB, false).path == L, "a tie keeps the links");
   }
   std::printf("test_path_tuner: %d failures\n", failures);
