@@ -410,6 +410,13 @@ class Pipeline:
         """Every rank's `layer_state()` on `root` (indexed by rank), None elsewhere."""
         return self.comm.gather(self.layer_state(), root=root)
 
+    def model_state(self, root: int | None = 0) -> dict[str, Tensor] | None:
+        """The whole model's parameters and buffers keyed `<global layer>.<name>`, merged
+        from every stage: on `root` (None elsewhere), or on every rank with root=None."""
+        mine = self.layer_state()
+        states = self.comm.allgather(mine) if root is None else self.comm.gather(mine, root)
+        return None if states is None else {k: v for s in states for k, v in s.items()}
+
     def close(self) -> None:
         """Release the communicators and the engine of a replicated stage."""
         self.sync.shutdown()

@@ -19,15 +19,10 @@ MODEL = models.mlp((10, 16, 16, 4))  # 5 layers
 KW = {"lr": 0.05, "momentum": 0.9, "seed": 5}
 
 
-def merged(pipe):
-    states = pipe.comm.allgather(pipe.layer_state())
-    return {k: v for s in states for k, v in s.items()}
-
-
 def check(root, plan, epochs, want, what):
     fresh = Pipeline(MODEL, plan, **KW)
     got_epochs = checkpoint.load(fresh, root / "ck")
-    got = merged(fresh)
+    got = fresh.model_state(root=None)
     fresh.close()
     assert got_epochs == epochs, (got_epochs, epochs)
     assert got.keys() == want.keys()
@@ -45,7 +40,7 @@ def main():
     pipe = Pipeline(MODEL, plan, **KW)
     pipe.train_epoch(data)
     checkpoint.save(pipe, root / "ck")
-    first = merged(pipe)
+    first = pipe.model_state(root=None)
     pipe.train_epoch(data)
 
     real = checkpoint._write_file
@@ -73,7 +68,7 @@ def main():
         print("previous checkpoint loads: epochs 1, identical layers", flush=True)
 
     checkpoint.save(pipe, root / "ck")
-    check(root, plan, 2, merged(pipe), "after the next save")
+    check(root, plan, 2, pipe.model_state(root=None), "after the next save")
     if comm.Get_rank() == 0:
         print("replaced: epochs 2, identical layers, no temporary files", flush=True)
     pipe.close()

@@ -22,16 +22,6 @@ MODEL = models.mlp((12, 16, 16, 16, 5))  # 7 layers
 X, Y = synthetic(8 * MB * 2, (12,), 5, seed=1)
 
 
-def merged(pipe):
-    states = pipe.gather_state()
-    if states is None:
-        return None
-    out = {}
-    for s in states:
-        out.update(s)
-    return out
-
-
 def layer_stage(plan):
     return {i: s for s, sp in enumerate(plan.stages) for i in range(sp.start, sp.end)}
 
@@ -120,7 +110,7 @@ def main():
     pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED)
     for _ in range(2):
         pipe.train_epoch(data)
-    compare("gpipe", merged(pipe), reference_gpipe(plan, data, 2), 1e-5)
+    compare("gpipe", pipe.model_state(), reference_gpipe(plan, data, 2), 1e-5)
     pipe.close()
 
     for vertical, per_step in ((False, 1), (True, 1), (False, 3), (True, 3)):
@@ -129,7 +119,7 @@ def main():
         stats = pipe.train_epoch(data, 0)
         name = ("1f1b vertical sync" if vertical else "1f1b weight stashing") + (
             f", {per_step} micro-batches per step" if per_step > 1 else "")
-        got = merged(pipe)
+        got = pipe.model_state()
         if got is not None:
             want = reference_pipedream(plan, data, vertical)
             compare(name, {k: v for k, v in got.items() if k in want}, want, 1e-5)
@@ -150,7 +140,7 @@ def main():
             pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED, recompute=recompute)
             stats = pipe.train_epoch(data, 0)
             kept.append(stats.peak_activation_mb)
-            got = merged(pipe)
+            got = pipe.model_state()
             pipe.close()
         if got is not None:
             want = (reference_gpipe(plan, data, 1) if reference is None
@@ -166,7 +156,7 @@ def main():
     plan = bounds.replace(schedule="1f1b", micro_batch=MB, stage_in_flight=counts)
     pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED)
     stats = pipe.train_epoch(data, 0)
-    got = merged(pipe)
+    got = pipe.model_state()
     if got is not None:
         want = reference_pipedream(plan, data, False, counts)
         compare(f"1f1b per-stage in flight {counts}", {k: v for k, v in got.items()

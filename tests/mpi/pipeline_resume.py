@@ -18,11 +18,6 @@ MODEL = models.mlp((10, 16, 16, 16, 4))  # 7 layers
 KW = {"lr": 0.05, "momentum": 0.9, "seed": 7}
 
 
-def merged(pipe):
-    states = pipe.gather_state()
-    return None if states is None else {k: v for s in states for k, v in s.items()}
-
-
 def main():
     root = Path(sys.argv[1])
     x, y = synthetic(96, (10,), 4, seed=9)
@@ -32,19 +27,19 @@ def main():
     straight = Pipeline(MODEL, plan, **KW)
     straight.train_epoch(data)
     straight.train_epoch(data)
-    want = merged(straight)
+    want = straight.model_state()
     straight.close()
 
     first = Pipeline(MODEL, plan, **KW)
     first.train_epoch(data)
     checkpoint.save(first, root / "ck")
-    saved = merged(first)
+    saved = first.model_state()
     first.close()
 
     resumed = Pipeline(MODEL, plan, **KW)
     assert checkpoint.load(resumed, root / "ck") == 1
     resumed.train_epoch(data)
-    got = merged(resumed)
+    got = resumed.model_state()
     resumed.close()
     if got is not None:
         for k in want:
@@ -55,7 +50,7 @@ def main():
     other = plan.replace(stages=(StagePlan(0, 2), StagePlan(2, 7)))
     moved = Pipeline(MODEL, other, **KW)
     checkpoint.load(moved, root / "ck")
-    got = merged(moved)
+    got = moved.model_state()
     if got is not None:
         for k in saved:
             assert torch.equal(got[k], saved[k]), f"re-partitioned load differs in {k}"
