@@ -22,13 +22,15 @@ KW = {"lr": 0.05, "momentum": 0.9, "seed": 5}
 def check(root, plan, epochs, want, what):
     fresh = Pipeline(MODEL, plan, **KW)
     got_epochs = checkpoint.load(fresh, root / "ck")
+    # Listed before the collective below: past it, rank 0 may already be preparing the
+    # next save's temporary directory while a slower rank still looks.
+    stale = [p.name for p in root.iterdir() if p.name.startswith(".")]
     got = fresh.model_state(root=None)
     fresh.close()
     assert got_epochs == epochs, (got_epochs, epochs)
     assert got.keys() == want.keys()
     for k in want:
         assert torch.equal(got[k], want[k]), f"{what}: layer {k} differs"
-    stale = [p.name for p in root.iterdir() if p.name.startswith(".")]
     assert not stale, f"{what}: left {stale}"
 
 
