@@ -21,6 +21,7 @@ namespace py = pybind11;
 
 namespace pipesgd {
 void bind_compression(py::module_& m);
+void bind_pipeline(py::module_& m);
 
 namespace {
 
@@ -146,4 +147,5 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("is_shut_down", &Engine::is_shut_down);
 
   bind_compression(m);
+  bind_pipeline(m);
 }

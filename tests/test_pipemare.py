@@ -9,9 +9,16 @@ import pytest
 import torch
 from torch import nn
 
+from pipesgd import _C
 from pipesgd.pipeline import Plan
 from pipesgd.pipeline import schedule as sched
-from pipesgd.pipeline.pipemare import AsyncWeights, PipeMareOptions, lemma1_bound, t1_scale
+from pipesgd.pipeline.pipemare import (
+    AsyncWeights,
+    PipeMareOptions,
+    lemma1_bound,
+    scale_add,
+    t1_scale,
+)
 from pipesgd.pipeline.plan import PlanError
 from pipesgd.pipeline.stage import Stage
 from pipesgd.pipeline.stash import LatestWeights
@@ -59,36 +66,71 @@ def test_t1_divides_the_step_by_the_delay_to_an_annealed_power():
     assert t1_scale(0, 4, None) == 1.0
 
 
-def toy_params(values):
-    return [nn.Parameter(torch.tensor(v, dtype=torch.float64)) for v in values]
+def toy_params(values, dtype=torch.float64):
+    return [nn.Parameter(torch.tensor(v, dtype=dtype)) for v in values]
 
 
-def test_t2_velocity_and_extrapolation_match_the_recursion():
-    params = toy_params([[1.0, -2.0], [0.5]])
+# float64 takes torch's multiply and add, float32 the compiled kernel (scale_add); a
+# backward that does not read the weights after every step leaves the second half of
+# T2's update to the next step.
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("read_every", [1, 2])
+def test_t2_velocity_and_extrapolation_match_the_recursion(dtype, atol, read_every):
+    params = toy_params([[1.0, -2.0, 0.25] * 7, [0.5]], dtype)
     decay, tau = 0.25, 2
     policy = AsyncWeights(params, tau_fwd=tau, options=PipeMareOptions(t2_decay=decay))
     gamma = decay ** (1 / tau)
-    delta = [np.zeros(2), np.zeros(1)]
+    delta = [np.zeros(21), np.zeros(1)]
     rng = np.random.default_rng(0)
-    for _ in range(6):
-        before = [p.detach().numpy().copy() for p in params]
+    for step in range(6):
+        before = [p.detach().numpy().astype(np.float64) for p in params]
         policy.before_update()
         with torch.no_grad():  # any optimizer's step: the velocity sees only w_t -> w_t+1
             for p in params:
-                p.add_(torch.from_numpy(rng.standard_normal(p.shape)))
+                p.add_(torch.from_numpy(rng.standard_normal(p.shape)).to(dtype))
         policy.after_update()
-        after = [p.detach().numpy() for p in params]
+        after = [p.detach().numpy().astype(np.float64) for p in params]
         delta = [gamma * d + (1 - gamma) * (a - b)
                  for d, a, b in zip(delta, after, before, strict=True)]
+        if step % read_every:
+            continue
         live = [p.detach().clone() for p in params]
         used = policy.backward_weights()
         for u, w, d in zip(used, params, delta, strict=True):
             np.testing.assert_allclose(u.detach().numpy(), w.detach().numpy() - tau * d,
-                                       rtol=0, atol=1e-12)
+                                       rtol=0, atol=atol)
         # the live weights are untouched: the backward runs on a separate tensor
         assert all(torch.equal(a, b) for a, b in zip(live, params, strict=True))
         assert all(u is not w for u, w in zip(used, params, strict=True))
-    assert policy.extra_bytes == 3 * 8  # the extrapolated copy; the velocity is implicit
+    assert policy.extra_bytes == 22 * params[0].element_size()  # the velocity is implicit
+
+
+def test_scale_add_matches_numpy_and_rejects_bad_arrays():
+    rng = np.random.default_rng(1)
+    y0 = rng.standard_normal(1000).astype(np.float32)
+    x = rng.standard_normal(1000).astype(np.float32)
+    y = torch.from_numpy(y0.copy())
+    scale_add([y], [torch.from_numpy(x)], 0.75, -1.5)
+    # each product rounded to float32, then the sum: no fused multiply-add
+    want = (np.float32(0.75) * y0) + (np.float32(-1.5) * x)
+    assert np.array_equal(y.numpy(), want)
+    kernel = _C.pipeline.scale_add
+    with pytest.raises(ValueError, match="overlap"):
+        kernel(y0[1:], y0[:-1], 1.0, 1.0)
+    with pytest.raises(ValueError, match="differ in length"):
+        kernel(y0, x[:10], 1.0, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        kernel(y0.astype(np.float64), x.astype(np.float64), 1.0, 1.0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernel(y0[::2], x[::2], 1.0, 1.0)
+    read_only = y0.copy()
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kernel(read_only, x, 1.0, 1.0)
+    # a strided tensor takes torch's ops, with the same result
+    strided = torch.from_numpy(y0.copy())[::2]
+    scale_add([strided], [torch.from_numpy(x)[::2]], 0.75, -1.5)
+    np.testing.assert_allclose(strided.numpy(), want[::2], rtol=1e-6, atol=1e-6)
 
 
 def test_without_t2_the_backward_runs_on_the_live_weights():

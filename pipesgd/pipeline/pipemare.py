@@ -18,7 +18,8 @@ forward). Two techniques keep that stable:
   the weights extrapolated back towards the forward's, with the velocity
   delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t) and gamma_i = D^(1 / (tau_fwd,i -
   tau_bkwd,i)) (`t2_decay` = D). The live weights are never touched: u is a tensor of
-  its own, kept up to date around each step, and delta is implicit in it.
+  its own, kept up to date around each step (`scale_add`, one compiled pass over u
+  before the step and one after), and delta is implicit in it.
 
 Memory per stage: the weights once (WeightStash keeps up to NOAM - i copies), plus with T2
 one more copy, u.
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .. import _C
 from .stash import WeightPolicy
 
 
@@ -48,6 +50,21 @@ class PipeMareOptions:
             raise ValueError(f"T1's annealing steps K must be >= 1, got {self.t1_anneal_steps}")
         if self.t2_decay is not None and not 0.0 <= self.t2_decay < 1.0:
             raise ValueError(f"T2's decay D must be in [0, 1), got {self.t2_decay}")
+
+
+def scale_add(ys: list[Tensor], xs: list[Tensor], a: float, b: float) -> None:
+    """y <- a * y + b * x for each pair, in place and without autograd: one pass of the
+    compiled kernel for contiguous float32 tensors on the CPU (`csrc/pipeline/`), torch's
+    multiply and add otherwise."""
+    with torch.no_grad():
+        for y, x in zip(ys, xs, strict=True):
+            if (y.device.type == "cpu" and y.dtype == x.dtype == torch.float32
+                    and x.device.type == "cpu" and y.is_contiguous() and x.is_contiguous()):
+                _C.pipeline.scale_add(y.detach().numpy(), x.detach().numpy(), a, b)
+            else:
+                if a != 1.0:
+                    y.mul_(a)
+                y.add_(x, alpha=b)
 
 
 def lemma1_bound(tau: int, curvature: float) -> float:
@@ -96,6 +113,7 @@ class AsyncWeights(WeightPolicy):
             self.gamma = self.options.t2_decay ** (1.0 / shift)
             self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
                                for p in self.params]
+        self._step_unfinished = False  # after_update's half of T2 is still to apply
         self._in_flight: set[int] = set()
 
     @property
@@ -115,29 +133,32 @@ class AsyncWeights(WeightPolicy):
         self._in_flight.discard(mb)
 
     def backward_weights(self) -> list[Tensor]:
-        return self.params if self._predicted is None else self._predicted
+        if self._predicted is None:
+            return self.params
+        self._finish_step()
+        return self._predicted
 
     # With delta_t = (w_t - u_t) / s, PipeMare's delta_{t+1} = gamma delta_t +
     # (1 - gamma)(w_{t+1} - w_t) gives u_{t+1} = gamma u_t + (s(1 - gamma) - gamma) w_t
     # + (1 - s(1 - gamma)) w_{t+1}: the w_t half before the step, the w_{t+1} half after,
-    # so neither delta nor a copy of w_t is kept.
+    # so neither delta nor a copy of w_t is kept. Each half is one pass over u. The second
+    # waits for the next backward that reads u (or the next step), so u is fresh in the
+    # cache when the backward reads it: the live weights do not change in between.
     def before_update(self) -> None:
-        if self._predicted is None:
-            return
-        c = self.shift * (1.0 - self.gamma)
-        with torch.no_grad():
-            torch._foreach_mul_(self._predicted, self.gamma)
-            torch._foreach_add_(self._predicted, [p.detach() for p in self.params],
-                                alpha=c - self.gamma)
+        if self._predicted is not None:
+            self._finish_step()
+            c = self.shift * (1.0 - self.gamma)
+            scale_add(self._predicted, self.params, self.gamma, c - self.gamma)
 
     def after_update(self) -> None:
         super().after_update()
-        if self._predicted is None:
-            return
-        c = self.shift * (1.0 - self.gamma)
-        with torch.no_grad():
-            torch._foreach_add_(self._predicted, [p.detach() for p in self.params],
-                                alpha=1.0 - c)
+        self._step_unfinished = self._predicted is not None
+
+    def _finish_step(self) -> None:
+        if self._step_unfinished:
+            self._step_unfinished = False
+            c = self.shift * (1.0 - self.gamma)
+            scale_add(self._predicted or [], self.params, 1.0, 1.0 - c)
 
     def resume_steps(self, steps: int) -> None:
         self.version = steps
@@ -152,4 +173,4 @@ class AsyncWeights(WeightPolicy):
         return 0 if self._predicted is None else self._param_bytes
 
 
-__all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "t1_scale"]
+__all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "scale_add", "t1_scale"]
