@@ -51,7 +51,7 @@ def test_cli_writes_json_timeline_and_checkpoint(tmp_path):
            "--model", "mlp", "--schedule", "1f1b", "--epochs", "2", "--steps", "6",
            "--micro-batch", "8", "--batch-size", "16", "--json", str(tmp_path / "r.json"),
            "--timeline", str(tmp_path / "tl"), "--save", str(tmp_path / "ck"),
-           "--no-progress"]
+           "--momentum", "0.9", "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -59,6 +59,10 @@ def test_cli_writes_json_timeline_and_checkpoint(tmp_path):
     assert report["throughput_samples_per_s"] > 0
     assert len(report["stage_utilisation"]) == 2 and len(report["peak_rss_mb"]) == 2
     assert report["peak_versions"] == [2, 1]
+    # the 64-500-500-10 MLP's parameters, split over the stages; SGD's momentum as large
+    mlp_floats = 64 * 500 + 500 + 500 * 500 + 500 + 500 * 10 + 10
+    assert sum(report["weight_mb"]) == pytest.approx(4 * mlp_floats / 2**20)
+    assert report["optimizer_state_mb"] == pytest.approx(report["weight_mb"])
     assert (tmp_path / "tl" / "timeline.png").stat().st_size > 0
     trace = json.loads((tmp_path / "tl" / "timeline.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}

@@ -66,6 +66,18 @@ def test_t1_divides_the_step_by_the_delay_to_an_annealed_power():
     assert t1_scale(0, 4, None) == 1.0
 
 
+class RandomStep:
+    """Any optimizer's step: the velocity sees only w_t -> w_t+1."""
+
+    def __init__(self, params, rng):
+        self.params, self.rng = params, rng
+
+    def step(self):
+        with torch.no_grad():
+            for p in self.params:
+                p.add_(torch.from_numpy(self.rng.standard_normal(p.shape)).to(p.dtype))
+
+
 def toy_params(values, dtype=torch.float64):
     return [nn.Parameter(torch.tensor(v, dtype=dtype)) for v in values]
 
@@ -84,10 +96,7 @@ def test_t2_velocity_and_extrapolation_match_the_recursion(dtype, atol, read_eve
     rng = np.random.default_rng(0)
     for step in range(6):
         before = [p.detach().numpy().astype(np.float64) for p in params]
-        policy.before_update()
-        with torch.no_grad():  # any optimizer's step: the velocity sees only w_t -> w_t+1
-            for p in params:
-                p.add_(torch.from_numpy(rng.standard_normal(p.shape)).to(dtype))
+        policy.step(RandomStep(params, rng))
         policy.after_update()
         after = [p.detach().numpy().astype(np.float64) for p in params]
         delta = [gamma * d + (1 - gamma) * (a - b)
@@ -103,6 +112,44 @@ def test_t2_velocity_and_extrapolation_match_the_recursion(dtype, atol, read_eve
         assert all(torch.equal(a, b) for a, b in zip(live, params, strict=True))
         assert all(u is not w for u, w in zip(used, params, strict=True))
     assert policy.extra_bytes == 22 * params[0].element_size()  # the velocity is implicit
+
+
+class NotPlainSGD(torch.optim.SGD):
+    """torch's SGD under another type: the policy takes its generic path around it."""
+
+
+@pytest.mark.parametrize("momentum, dampening, weight_decay",
+                         [(0.0, 0.0, 0.0), (0.9, 0.0, 0.0), (0.9, 0.1, 1e-3)])
+def test_fused_sgd_step_equals_torch_sgd_with_t2_around_it(momentum, dampening, weight_decay):
+    # The one-pass kernel against torch's own SGD with T2's two passes around it: the
+    # same weights, momentum buffers and extrapolated weights, step after step, with T1's
+    # learning-rate scale applied through the group as Stage.step does.
+    torch.manual_seed(0)
+    start = [torch.randn(37, 5), torch.randn(5)]
+    runs = []
+    for kind in (torch.optim.SGD, NotPlainSGD):
+        params = [nn.Parameter(t.clone()) for t in start]
+        opt = kind(params, lr=0.05, momentum=momentum, dampening=dampening,
+                   weight_decay=weight_decay)
+        policy = AsyncWeights(params, tau_fwd=3, options=PipeMareOptions(t2_decay=0.2))
+        gen = torch.Generator().manual_seed(1)
+        for k in range(5):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.param_groups[0]["lr"] = 0.05 / (k + 1)
+            policy.step(opt)
+            policy.after_update()
+        runs.append((params, [opt.state[p].get("momentum_buffer") for p in params],
+                     [u.detach().clone() for u in policy.backward_weights()]))
+    (fused_w, fused_buf, fused_u), (plain_w, plain_buf, plain_u) = runs
+    for a, b in zip(fused_w + fused_u, plain_w + plain_u, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+    if momentum:
+        for a, b in zip(fused_buf, plain_buf, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    else:
+        assert fused_buf == [None, None]
+    assert all(u is not w for u, w in zip(fused_u, fused_w, strict=True))
 
 
 def test_scale_add_matches_numpy_and_rejects_bad_arrays():
@@ -232,6 +279,21 @@ def test_bad_pipemare_settings_are_refused():
 
 def test_a_stage_without_parameters_runs_t2_as_a_no_op():
     policy = AsyncWeights([], tau_fwd=2, options=PipeMareOptions(t2_decay=0.1))
-    policy.before_update()
+    policy.step(RandomStep([], None))
     policy.after_update()
     assert policy.backward_weights() == [] and policy.extra_bytes == 0
+
+
+def test_digits_as_images_scale_the_digits_up_for_an_image_model():
+    from pipesgd.pipeline import data
+
+    (x, y), (xt, yt) = data.digits(seed=3)
+    (ix, iy), (ixt, iyt) = data.digits_as_images((3, 32, 32), seed=3)
+    assert ix.shape == (len(x), 3, 32, 32) and ixt.shape == (len(xt), 3, 32, 32)
+    assert torch.equal(iy, y) and torch.equal(iyt, yt)
+    assert torch.equal(ix[:, 0], ix[:, 2])  # every channel the same picture
+    # bilinear scaling keeps the mean brightness of each picture (up to the border)
+    np.testing.assert_allclose(ix[:, 0].mean(dim=(1, 2)).numpy(), x.mean(dim=1).numpy(),
+                               atol=0.03)
+    with pytest.raises(ValueError, match="channels, height, width"):
+        data.digits_as_images((64,))

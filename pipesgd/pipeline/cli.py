@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="async: run the first E epochs as 1f1b with weight stashing "
                         "(PipeMareW), then switch")
     parser.add_argument("--data", choices=("digits", "synthetic"),
-                        help="default: digits for mlp, synthetic 32x32 images for cnn")
+                        help="default: digits for mlp, synthetic 32x32 images for cnn "
+                        "(digits with an image model: scaled up to its input)")
     parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, help="optimizer steps per epoch (cap)")
@@ -212,10 +213,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
         if kind == "digits":
-            if model.input_shape != (64,):
-                raise SystemExit("--data digits has 64 features: use it with --model mlp "
-                                 "or a MODULE:FUNCTION model with --input-shape 64")
-            (x, y), _ = data.digits(seed=args.seed)
+            if model.input_shape == (64,):
+                (x, y), _ = data.digits(seed=args.seed)
+            elif len(model.input_shape) == 3 and model.num_classes >= 10:
+                (x, y), _ = data.digits_as_images(model.input_shape, seed=args.seed)
+            else:
+                raise SystemExit(
+                    f"--data digits: 64 features or images (channels, height, width) of 10 "
+                    f"classes, but the model takes {model.input_shape} with "
+                    f"{model.num_classes} classes")
         else:
             x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
         stream = data.MicroBatches(x, y, plan.micro_batch, seed=args.seed)
@@ -285,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
                 "peak_rss_mb": last["peak_rss_mb"],
                 "peak_stash_mb": last["peak_stash_mb"],
                 "peak_activation_mb": last["peak_activation_mb"],
+                "weight_mb": last["weight_mb"],
+                "optimizer_state_mb": last["optimizer_state_mb"],
                 "peak_versions": last["peak_versions"],
                 "delays": pipe.delays if pipe.plan.schedule == "async" else None,
                 "loss": last["loss"],

@@ -72,6 +72,25 @@ def digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[tuple[Tensor, Ten
     return (x[train], y[train]), (x[test], y[test])
 
 
+def digits_as_images(shape: tuple[int, ...], test_fraction: float = 0.2, seed: int = 0
+                     ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The digits as images of `shape` (channels, height, width): each 8x8 image scaled
+    up bilinearly and repeated over the channels, so an image model learns a real task
+    (in a few epochs) without a data set to download."""
+    if len(shape) != 3:
+        raise ValueError(f"digits as images need a (channels, height, width) input, got {shape}")
+    channels, height, width = shape
+    (x, y), (xt, yt) = digits(test_fraction, seed)
+
+    def images(flat: Tensor) -> Tensor:
+        small = flat.reshape(-1, 1, 8, 8)
+        big = torch.nn.functional.interpolate(small, size=(height, width), mode="bilinear",
+                                              align_corners=False)
+        return big.expand(-1, channels, -1, -1).contiguous()
+
+    return (images(x), y), (images(xt), yt)
+
+
 def synthetic(samples: int, shape: tuple[int, ...], classes: int, seed: int = 0
               ) -> tuple[Tensor, Tensor]:
     """Gaussian inputs whose label is a fixed random linear function's argmax (learnable)."""

@@ -18,8 +18,8 @@ forward). Two techniques keep that stable:
   the weights extrapolated back towards the forward's, with the velocity
   delta <- gamma delta + (1 - gamma)(w_{t+1} - w_t) and gamma_i = D^(1 / (tau_fwd,i -
   tau_bkwd,i)) (`t2_decay` = D). The live weights are never touched: u is a tensor of
-  its own, kept up to date around each step (`scale_add`, one compiled pass over u
-  before the step and one after), and delta is implicit in it.
+  its own, kept up to date around each step (in the same compiled pass as the step under
+  torch.optim.SGD, else one pass before it and one after), and delta is implicit in it.
 
 Memory per stage: the weights once (WeightStash keeps up to NOAM - i copies), plus with T2
 one more copy, u.
@@ -58,13 +58,51 @@ def scale_add(ys: list[Tensor], xs: list[Tensor], a: float, b: float) -> None:
     multiply and add otherwise."""
     with torch.no_grad():
         for y, x in zip(ys, xs, strict=True):
-            if (y.device.type == "cpu" and y.dtype == x.dtype == torch.float32
-                    and x.device.type == "cpu" and y.is_contiguous() and x.is_contiguous()):
+            if _kernel_ready(y, x):
                 _C.pipeline.scale_add(y.detach().numpy(), x.detach().numpy(), a, b)
             else:
                 if a != 1.0:
                     y.mul_(a)
                 y.add_(x, alpha=b)
+
+
+def _kernel_ready(*tensors: Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+               for t in tensors)
+
+
+def sgd_t2_step(optimizer: torch.optim.Optimizer, predicted_of: dict[Tensor, Tensor],
+                u_scale: float, w_old_scale: float, w_new_scale: float) -> bool:
+    """torch.optim.SGD's step and T2's u <- u_scale*u + w_old_scale*w_t +
+    w_new_scale*w_{t+1}, in one compiled pass per parameter (`predicted_of` maps each
+    parameter to its u). Returns False, having done nothing, where the kernel does not
+    apply: another optimizer, nesterov, maximize, a tensor learning rate, or tensors
+    that are not contiguous float32 on the CPU."""
+    if type(optimizer) is not torch.optim.SGD:
+        return False
+    work = []
+    for group in optimizer.param_groups:
+        if group["nesterov"] or group["maximize"] or isinstance(group["lr"], Tensor):
+            return False
+        for p in group["params"]:
+            u = predicted_of.get(p)
+            if p.grad is None or u is None or p.grad.is_sparse or not _kernel_ready(p, p.grad, u):
+                return False
+            buf = optimizer.state[p].get("momentum_buffer") if group["momentum"] else None
+            if buf is not None and not _kernel_ready(buf):
+                return False
+            work.append((group, p, u, buf))
+    with torch.no_grad():
+        for group, p, u, buf in work:
+            first = group["momentum"] != 0 and buf is None
+            if first:  # as torch's SGD: the first step's buffer is the gradient itself
+                buf = optimizer.state[p]["momentum_buffer"] = torch.empty_like(p.grad)
+            _C.pipeline.sgd_t2_step(
+                p.detach().numpy(), p.grad.numpy(), None if buf is None else buf.numpy(),
+                u.detach().numpy(), lr=group["lr"], weight_decay=group["weight_decay"],
+                momentum=group["momentum"], dampening=group["dampening"], first=first,
+                u_scale=u_scale, w_old_scale=w_old_scale, w_new_scale=w_new_scale)
+    return True
 
 
 def lemma1_bound(tau: int, curvature: float) -> float:
@@ -109,10 +147,12 @@ class AsyncWeights(WeightPolicy):
         # T2 keeps u = w - shift * delta itself, not delta: one buffer, updated in place
         # around each step (see before_update), which the backward reads as it is.
         self._predicted: list[Tensor] | None = None
+        self._predicted_of: dict[Tensor, Tensor] = {}
         if self.options.t2_decay is not None and shift > 0 and self.params:
             self.gamma = self.options.t2_decay ** (1.0 / shift)
             self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
                                for p in self.params]
+            self._predicted_of = dict(zip(self.params, self._predicted, strict=True))
         self._step_unfinished = False  # after_update's half of T2 is still to apply
         self._in_flight: set[int] = set()
 
@@ -140,19 +180,22 @@ class AsyncWeights(WeightPolicy):
 
     # With delta_t = (w_t - u_t) / s, PipeMare's delta_{t+1} = gamma delta_t +
     # (1 - gamma)(w_{t+1} - w_t) gives u_{t+1} = gamma u_t + (s(1 - gamma) - gamma) w_t
-    # + (1 - s(1 - gamma)) w_{t+1}: the w_t half before the step, the w_{t+1} half after,
-    # so neither delta nor a copy of w_t is kept. Each half is one pass over u. The second
-    # waits for the next backward that reads u (or the next step), so u is fresh in the
-    # cache when the backward reads it: the live weights do not change in between.
-    def before_update(self) -> None:
-        if self._predicted is not None:
-            self._finish_step()
-            c = self.shift * (1.0 - self.gamma)
-            scale_add(self._predicted, self.params, self.gamma, c - self.gamma)
-
-    def after_update(self) -> None:
-        super().after_update()
-        self._step_unfinished = self._predicted is not None
+    # + (1 - s(1 - gamma)) w_{t+1}, so neither delta nor a copy of w_t is kept. Under
+    # torch.optim.SGD one compiled pass takes the step and updates u (sgd_t2_step);
+    # around any other optimizer, one pass takes the w_t half before the step and one
+    # the w_{t+1} half after it, deferred to the next backward that reads u (or the next
+    # step) so u is fresh in the cache then: the live weights do not change in between.
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._predicted is None:
+            optimizer.step()
+            return
+        self._finish_step()
+        c = self.shift * (1.0 - self.gamma)
+        if sgd_t2_step(optimizer, self._predicted_of, self.gamma, c - self.gamma, 1.0 - c):
+            return
+        scale_add(self._predicted, self.params, self.gamma, c - self.gamma)
+        optimizer.step()
+        self._step_unfinished = True
 
     def _finish_step(self) -> None:
         if self._step_unfinished:
@@ -173,4 +216,5 @@ class AsyncWeights(WeightPolicy):
         return 0 if self._predicted is None else self._param_bytes
 
 
-__all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "scale_add", "t1_scale"]
+__all__ = ["AsyncWeights", "PipeMareOptions", "lemma1_bound", "scale_add", "sgd_t2_step",
+           "t1_scale"]

@@ -30,7 +30,7 @@ from .plan import Plan, PlanError
 from .replicas import LocalGradients, ReplicaGradientSync, broadcast_from_first_replica
 from .schedule import Action, no_step_between_forward_and_backward
 from .stage import Stage
-from .stash import WeightPolicy, make_policy
+from .stash import WeightPolicy, make_policy, tensors_bytes
 from .timeline import Timeline
 
 LOOKAHEAD = 8  # actions ahead whose receives are posted early
@@ -53,6 +53,10 @@ class EpochStats:
     peak_stash_mb: list[float] = field(default_factory=list)
     peak_activation_mb: list[float] = field(default_factory=list)
     peak_rss_mb: list[float] = field(default_factory=list)
+    # the live parameters and the optimizer's state (momentum, ...), beside the extra
+    # weight copies of peak_stash_mb
+    weight_mb: list[float] = field(default_factory=list)
+    optimizer_state_mb: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -308,6 +312,10 @@ class Pipeline:
             "stash": self.stage.policy.peak_bytes / 2**20,
             "act": self.stage.peak_activation_bytes / 2**20,
             "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "weights": tensors_bytes(self.stage.params) / 2**20,
+            "optimizer": (0 if self.stage.optimizer is None else tensors_bytes(
+                t for state in self.stage.optimizer.state.values() for t in state.values()
+                if isinstance(t, torch.Tensor)) / 2**20),
         }
         every = self.comm.allgather(mine)
         seconds = max(r["seconds"] for r in every)
@@ -333,6 +341,8 @@ class Pipeline:
             peak_stash_mb=[r["stash"] for r in every],
             peak_activation_mb=[r["act"] for r in every],
             peak_rss_mb=[r["rss"] for r in every],
+            weight_mb=[r["weights"] for r in every],
+            optimizer_state_mb=[r["optimizer"] for r in every],
         )
 
     # ------------------------------------------------------------------ actions

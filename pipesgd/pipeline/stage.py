@@ -227,13 +227,12 @@ class Stage:
             flat_grad = flat_grad.to(self.grad_sum.device)
             for p, g in zip(self.params, self._views(flat_grad), strict=True):
                 p.grad = g
-            self.policy.before_update()
             scale = self.policy.lr_scale(self.stage)
             if scale != 1.0:
                 saved = [group["lr"] for group in self.optimizer.param_groups]
                 for group in self.optimizer.param_groups:
                     group["lr"] = group["lr"] * scale
-            self.optimizer.step()
+            self.policy.step(self.optimizer)
             if scale != 1.0:
                 for group, lr in zip(self.optimizer.param_groups, saved, strict=True):
                     group["lr"] = lr

@@ -17,12 +17,13 @@ Policies:
 
 PipeMare's asynchronous policy (one copy of the weights, the backward recomputing the
 forward on the weights current then) is `pipesgd.pipeline.pipemare.AsyncWeights`; it sets
-`recompute` and overrides `backward_weights`, `before_update` and `lr_scale`.
+`recompute` and overrides `backward_weights`, `step` and `lr_scale`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -77,8 +78,10 @@ class WeightPolicy(ABC):
         """The tensors a recomputing backward runs on (policies with `recompute`)."""
         return self.params
 
-    def before_update(self) -> None:  # noqa: B027 (a hook: most policies need nothing)
-        """Called before every optimizer step of the live parameters."""
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """One optimizer step of the live parameters (their `.grad` set); policies that
+        keep something in step with them (PipeMare's T2) do it around the step."""
+        optimizer.step()
 
     def resume_steps(self, steps: int) -> None:  # noqa: B027 (a hook, as above)
         """The live parameters have had `steps` optimizer steps before this policy (a
@@ -282,7 +285,7 @@ def make_policy(name: str | type[WeightPolicy], params: list[nn.Parameter]) -> W
     return POLICIES[name](params)
 
 
-def tensors_bytes(tensors: list[Tensor]) -> int:
+def tensors_bytes(tensors: Iterable[Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

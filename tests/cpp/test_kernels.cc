@@ -1,4 +1,5 @@
-// Self-test of the compression kernels (csrc/compress), no MPI, no Python.
+// Self-test of the compression kernels (csrc/compress) and the pipeline's scale_add
+// (csrc/pipeline), no MPI, no Python.
 //
 // Every kernel runs on odd and round sizes, at aligned and misaligned addresses,
 // on exactly sized heap buffers, so a sanitizer build (-DPIPESGD_SANITIZE=ON) catches
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "compress/kernels.h"
+#include "pipeline/t2_kernels.h"
 
 namespace {
 
@@ -378,6 +380,34 @@ void test_quant8(const std::vector<std::size_t>& sizes, std::mt19937& rng) {
   CHECK(quant8_scale(empty.data()) == 0.0f, "empty block scale");
 }
 
+// y <- a*y + b*x with each product rounded to float32 before the sum, as the kernel
+// promises (no FMA), so the result is compared bit for bit.
+void test_scale_add(const std::vector<std::size_t>& sizes, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (std::size_t n : sizes) {
+    for (std::size_t off : {0, 1}) {
+      Block<float> y(n, off), x(n, 1 - off), expected(n, 0);
+      for (std::size_t i = 0; i < n; ++i) {
+        y.data()[i] = normal(rng);
+        x.data()[i] = normal(rng);
+      }
+      for (auto [a, b] : {std::pair{0.75f, -1.5f}, std::pair{1.0f, 0.3f}}) {
+        for (std::size_t i = 0; i < n; ++i) {
+          volatile float ay = a * y.data()[i];  // volatile: two roundings, as promised
+          volatile float bx = b * x.data()[i];
+          expected.data()[i] = ay + bx;
+        }
+        psg_scale_add_f32(y.data(), x.data(), n, a, b);
+        for (std::size_t i = 0; i < n; ++i) {
+          CHECK(same_float(y.data()[i], expected.data()[i]), "scale_add n=%zu [%zu]: %g != %g",
+                n, i, static_cast<double>(y.data()[i]), static_cast<double>(expected.data()[i]));
+        }
+      }
+    }
+  }
+  psg_scale_add_f32(nullptr, nullptr, 0, 2.0f, 3.0f);  // n = 0 touches nothing
+}
+
 }  // namespace
 
 int main() {
@@ -387,6 +417,7 @@ int main() {
                                           2047, 4097, 65537, 100003};
   test_trunc16(sizes, rng);
   test_quant8(sizes, rng);
+  test_scale_add(sizes, rng);
   if (g_failures != 0) {
     std::fprintf(stderr, "test_kernels: %d of %d checks FAILED\n", g_failures, g_checks);
     return 1;
