@@ -10,7 +10,8 @@ JSON gives accuracy, samples/s and the memory each stage held:
     gpipe           synchronous (flush every 4 micro-batches)
     1f1b            PipeDream's weight stashing, a step per micro-batch
     async           PipeMare without its techniques: one copy of the weights
-    async+T1        with the learning rate rescheduled by each stage's delay
+    async+T1        with the learning rate rescheduled by each stage's delay, annealed
+                    over the first 40 % of the run's steps
     async+T1+T2     and the backward's weights extrapolated back (discrepancy correction)
     PipeMareW       async+T1+T2 after one synchronous (1f1b) epoch
     ..., recompute  async+T1+T2 keeping only stage inputs, the backward recomputing
@@ -45,6 +46,14 @@ VARIANTS = {
                                "--recompute"],
 }
 ACCURACY_POINTS = 0.5
+MICRO_BATCH = 8
+
+
+def train_samples() -> int:
+    from pipesgd.pipeline.data import digits
+
+    (x, _), _ = digits()
+    return len(x)
 
 
 def run_variant(model: str, flags: list[str], epochs: int, lr: float, ranks: int) -> dict:
@@ -52,7 +61,8 @@ def run_variant(model: str, flags: list[str], epochs: int, lr: float, ranks: int
         out = Path(tmp) / "run.json"
         cmd = [mpirun(), "--oversubscribe", "-n", str(ranks), sys.executable, "-m",
                "pipesgd.cli", "pipeline", "--model", model, "--epochs", str(epochs),
-               "--micro-batch", "8", "--lr", str(lr), "--data", "digits", "--no-progress",
+               "--micro-batch", str(MICRO_BATCH), "--lr", str(lr), "--data", "digits",
+               "--no-progress",
                "--json", str(out), *flags]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(),
                               timeout=1800, check=False)
@@ -140,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=8, help="MLP epochs")
     ap.add_argument("--lr", type=float, default=0.1, help="MLP learning rate")
-    ap.add_argument("--cnn-epochs", type=int, default=3, help="CNN epochs (0: skip the CNN)")
+    ap.add_argument("--cnn-epochs", type=int, default=5, help="CNN epochs (0: skip the CNN)")
     ap.add_argument("--cnn-lr", type=float, default=0.01, help="CNN learning rate")
-    ap.add_argument("--t1-steps", type=int, default=600, help="T1's annealing steps K")
+    ap.add_argument("--t1-fraction", type=float, default=0.4,
+                    help="T1 anneals over this fraction of a run's steps (K)")
     ap.add_argument("--repeats", type=int, default=5,
                     help="rounds, each running every variant once (a new mpirun each); "
                     "samples/s is the median, accuracy the first run's (the runs are "
@@ -157,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         # One round runs every variant once, so each round's ratios compare runs made
         # side by side: these VMs change speed between launches, in streaks.
         names = [n for n in VARIANTS if not (epochs < 2 and n == "PipeMareW")]
+        # one step per micro-batch under async: the same share of every run anneals
+        t1_steps = max(1, round(args.t1_fraction * epochs * train_samples() / MICRO_BATCH))
         reports: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.repeats):
             for name in names:
-                flags = [f.format(k=args.t1_steps) for f in VARIANTS[name]]
+                flags = [f.format(k=t1_steps) for f in VARIANTS[name]]
                 reports[name].append(run_variant(model, flags, epochs, lr, args.ranks))
             print(f"  {model}: round {r + 1} of {args.repeats} done", flush=True)
         for name in names:

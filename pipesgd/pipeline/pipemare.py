@@ -145,7 +145,7 @@ class AsyncWeights(WeightPolicy):
         shift = tau_fwd - tau_bkwd
         self.shift = shift
         # T2 keeps u = w - shift * delta itself, not delta: one buffer, updated in place
-        # around each step (see before_update), which the backward reads as it is.
+        # around each step (see step), which the backward reads as it is.
         self._predicted: list[Tensor] | None = None
         self._predicted_of: dict[Tensor, Tensor] = {}
         if self.options.t2_decay is not None and shift > 0 and self.params:
@@ -153,7 +153,7 @@ class AsyncWeights(WeightPolicy):
             self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
                                for p in self.params]
             self._predicted_of = dict(zip(self.params, self._predicted, strict=True))
-        self._step_unfinished = False  # after_update's half of T2 is still to apply
+        self._step_unfinished = False  # the w_{t+1} half of the last step is still to apply
         self._in_flight: set[int] = set()
 
     @property

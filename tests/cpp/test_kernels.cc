@@ -1,4 +1,4 @@
-// Self-test of the compression kernels (csrc/compress) and the pipeline's scale_add
+// Self-test of the compression kernels (csrc/compress) and the pipeline's T2 kernels
 // (csrc/pipeline), no MPI, no Python.
 //
 // Every kernel runs on odd and round sizes, at aligned and misaligned addresses,
@@ -408,6 +408,58 @@ void test_scale_add(const std::vector<std::size_t>& sizes, std::mt19937& rng) {
   psg_scale_add_f32(nullptr, nullptr, 0, 2.0f, 3.0f);  // n = 0 touches nothing
 }
 
+// SGD's step fused with T2's update of u, against the same arithmetic written out one
+// rounding at a time (volatile keeps the compiler from fusing it), for no momentum, a
+// fresh momentum buffer and a running one.
+void test_sgd_t2_step(const std::vector<std::size_t>& sizes, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Case {
+    float momentum;
+    int first;
+  };
+  for (std::size_t n : sizes) {
+    for (Case c : {Case{0.0f, 0}, Case{0.9f, 1}, Case{0.9f, 0}}) {
+      const psg_sgd_t2 s{0.05f, 1e-3f, c.momentum, 0.1f, c.first, 0.8f, 0.35f, 0.45f};
+      Block<float> w(n, 1), g(n, 0), buf(n, 1), u(n, 0);
+      std::vector<float> w_want(n), buf_want(n), u_want(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        w.data()[i] = normal(rng);
+        g.data()[i] = normal(rng);
+        buf.data()[i] = normal(rng);
+        u.data()[i] = normal(rng);
+        volatile float wd_w = s.weight_decay * w.data()[i];
+        volatile float d = g.data()[i] + wd_w;
+        buf_want[i] = buf.data()[i];
+        if (c.momentum != 0.0f) {
+          if (c.first) {
+            buf_want[i] = d;
+          } else {
+            volatile float kept = c.momentum * buf.data()[i];
+            volatile float added = (1.0f - s.dampening) * d;
+            buf_want[i] = kept + added;
+          }
+          d = buf_want[i];
+        }
+        volatile float step = -s.lr * d;
+        w_want[i] = w.data()[i] + step;
+        volatile float us = s.u_scale * u.data()[i];
+        volatile float wo = s.w_old_scale * w.data()[i];
+        volatile float partial = us + wo;
+        volatile float wn = s.w_new_scale * w_want[i];
+        u_want[i] = partial + wn;
+      }
+      psg_sgd_t2_step_f32(w.data(), g.data(), c.momentum != 0.0f ? buf.data() : nullptr,
+                          u.data(), n, &s);
+      for (std::size_t i = 0; i < n; ++i) {
+        CHECK(same_float(w.data()[i], w_want[i]) && same_float(u.data()[i], u_want[i]) &&
+                  same_float(buf.data()[i], buf_want[i]),
+              "sgd_t2_step n=%zu momentum=%g first=%d [%zu]", n,
+              static_cast<double>(c.momentum), c.first, i);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -418,6 +470,7 @@ int main() {
   test_trunc16(sizes, rng);
   test_quant8(sizes, rng);
   test_scale_add(sizes, rng);
+  test_sgd_t2_step(sizes, rng);
   if (g_failures != 0) {
     std::fprintf(stderr, "test_kernels: %d of %d checks FAILED\n", g_failures, g_checks);
     return 1;
