@@ -92,6 +92,13 @@ def test_cli_pipelines_a_model_named_by_module_and_function(tmp_path):
                              capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
                              timeout=120)
     assert missing.returncode != 0 and "needs --input-shape" in missing.stdout + missing.stderr
+    # the digits fit 64 features or an image input, not this one
+    wrong = subprocess.run([*cmd[:cmd.index("--input-shape")], "--input-shape", "32",
+                            "--data", "digits", "--epochs", "1"],
+                           capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                           timeout=120)
+    assert wrong.returncode != 0
+    assert "--data digits: 64 features or images" in wrong.stdout + wrong.stderr
 
 
 def test_cli_stops_with_a_clear_error_when_the_loss_diverges(tmp_path):
