@@ -122,7 +122,8 @@ def t1_scale(step: int, tau: int, anneal_steps: int | None) -> float:
 
 
 class AsyncWeights(WeightPolicy):
-    """One copy of the weights; the backward recomputes the forward (see the module).
+    """One copy of the weights; the backward runs on the weights current then, or with
+    `recompute` recomputes the forward on them (see the module).
 
     Args:
         params: the stage's live parameters.
@@ -150,6 +151,9 @@ class AsyncWeights(WeightPolicy):
         self._predicted_of: dict[Tensor, Tensor] = {}
         if self.options.t2_decay is not None and shift > 0 and self.params:
             self.gamma = self.options.t2_decay ** (1.0 / shift)
+            # u_{t+1} = gamma u_t + w_old_scale w_t + w_new_scale w_{t+1} (see step)
+            self._w_old_scale = shift * (1.0 - self.gamma) - self.gamma
+            self._w_new_scale = 1.0 - shift * (1.0 - self.gamma)
             self._predicted = [p.detach().clone().requires_grad_(p.requires_grad)
                                for p in self.params]
             self._predicted_of = dict(zip(self.params, self._predicted, strict=True))
@@ -190,18 +194,17 @@ class AsyncWeights(WeightPolicy):
             optimizer.step()
             return
         self._finish_step()
-        c = self.shift * (1.0 - self.gamma)
-        if sgd_t2_step(optimizer, self._predicted_of, self.gamma, c - self.gamma, 1.0 - c):
+        if sgd_t2_step(optimizer, self._predicted_of, self.gamma, self._w_old_scale,
+                       self._w_new_scale):
             return
-        scale_add(self._predicted, self.params, self.gamma, c - self.gamma)
+        scale_add(self._predicted, self.params, self.gamma, self._w_old_scale)
         optimizer.step()
         self._step_unfinished = True
 
     def _finish_step(self) -> None:
         if self._step_unfinished:
             self._step_unfinished = False
-            c = self.shift * (1.0 - self.gamma)
-            scale_add(self._predicted or [], self.params, 1.0, 1.0 - c)
+            scale_add(self._predicted or [], self.params, 1.0, self._w_new_scale)
 
     def resume_steps(self, steps: int) -> None:
         self.version = steps

@@ -112,8 +112,8 @@ def delays(plan: Plan, num_micro_batches: int | None = None) -> list[tuple[int, 
     the optimizer steps a micro-batch's forward weights lag behind the step its gradient
     is applied in, and the same for its backward weights (PipeMare's tau_fwd,i, tau_bkwd,i).
 
-    The backward recomputes on the weights current then and its gradient goes into the
-    next step, so tau_bkwd is 0; tau_fwd counts the steps between a micro-batch's forward
+    The backward runs on the weights current then and its gradient goes into the next
+    step, so tau_bkwd is 0; tau_fwd counts the steps between a micro-batch's forward
     and its backward, at its largest over an epoch of `num_micro_batches` (default: long
     enough to reach the steady state).
     """

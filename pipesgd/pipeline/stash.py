@@ -15,9 +15,10 @@ Policies:
     VerticalSync   -- every stage uses the version the micro-batch entered the pipeline
                       with (stage 0's version, carried in the message header).
 
-PipeMare's asynchronous policy (one copy of the weights, the backward recomputing the
-forward on the weights current then) is `pipesgd.pipeline.pipemare.AsyncWeights`; it sets
-`recompute` and overrides `backward_weights`, `step` and `lr_scale`.
+PipeMare's asynchronous policy (one copy of the weights, the backward on the weights
+current then) is `pipesgd.pipeline.pipemare.AsyncWeights`; it sets
+`backward_on_current_weights` (and `recompute` on request) and overrides
+`backward_weights`, `step` and `lr_scale`.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class WeightPolicy(ABC):
         """The backward of `mb` is done: drop what only it needed."""
 
     def backward_weights(self) -> list[Tensor]:
-        """The tensors a recomputing backward runs on (policies with `recompute`)."""
+        """The tensors the backward runs on where it does not use the forward's own
+        (policies with `recompute` or `backward_on_current_weights`)."""
         return self.params
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -83,7 +85,7 @@ class WeightPolicy(ABC):
         keep something in step with them (PipeMare's T2) do it around the step."""
         optimizer.step()
 
-    def resume_steps(self, steps: int) -> None:  # noqa: B027 (a hook, as above)
+    def resume_steps(self, steps: int) -> None:  # noqa: B027 (a hook: most need nothing)
         """The live parameters have had `steps` optimizer steps before this policy (a
         resumed run, a switch of schedule). Version-keyed policies start their own count
         at 0; PipeMare's T1 anneals by it."""
