@@ -144,14 +144,21 @@ def test_cli_runs_async_with_t1_t2_and_a_synchronous_warmup(tmp_path):
             "--model", "mlp", "--steps", "12", "--micro-batch", "8", "--no-progress"]
     cmd = [*base, "--schedule", "async", "--t1", "100", "--t2", "0.1", "--recompute", "0",
            "--sync-warmup-epochs", "1", "--epochs", "2", "--json", str(tmp_path / "r.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
-                          timeout=120)
+    proc = subprocess.run([*cmd, "--save", str(tmp_path / "ck")], capture_output=True,
+                          text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["plan"]["schedule"] == "async"
     assert report["delays"] == [[2, 0], [1, 0], [0, 0]]
     assert report["epochs"][0]["peak_versions"] == [3, 2, 1]  # the warm-up epoch stashes
     assert report["peak_versions"] == [1, 1, 1]  # then one copy of the weights
+    # resumed after the warm-up, the run stays asynchronous
+    resumed = subprocess.run([*cmd[:cmd.index("--epochs")], "--epochs", "1", "--resume",
+                              str(tmp_path / "ck"), "--json", str(tmp_path / "r2.json")],
+                             capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert json.loads((tmp_path / "r2.json").read_text())["peak_versions"] == [1, 1, 1]
     wrong = subprocess.run([*base, "--t1", "100", "--epochs", "1"], capture_output=True,
                            text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert wrong.returncode != 0 and "--schedule async" in wrong.stdout + wrong.stderr

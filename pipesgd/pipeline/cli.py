@@ -239,8 +239,9 @@ def run(args: argparse.Namespace) -> int:
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):
-            if warmup and epoch == warmup:
-                pipe.use_schedule("async")  # PipeMareW: synchronous warm-up is over
+            if warmup and epoch >= warmup and pipe.plan.schedule != "async":
+                # PipeMareW: the synchronous warm-up is over (or was, before a resume)
+                pipe.use_schedule("async")
             bar = None
             if pipe.last and pipe.replica == 0 and not args.no_progress:
                 from tqdm import tqdm
