@@ -10,6 +10,8 @@ import pytest
 
 from pipesgd.pipeline.plan import Plan, PlanError, StagePlan
 from pipesgd.planner import HierarchicalTopology, Level, ModelProfile, pipedream, to_plan
+from pipesgd.planner.topology import SharedCores, from_network
+from pipesgd.timing.cluster import describe_cluster
 
 # ----------------------------------------------------------------- brute force
 
@@ -219,6 +221,31 @@ def test_topology_parses_innermost_first_and_round_trips(tmp_path):
     assert HierarchicalTopology.parse(str(topo), topo.memory_per_worker) == topo
     assert HierarchicalTopology.parse(" 8 x [ 100gbit/s ] ").num_workers == 8
     assert HierarchicalTopology.parse("2x[1GB/s]", "16GiB").memory_per_worker == 16 * 2**30
+
+
+def test_a_measured_network_gives_one_level_and_the_cores_its_ranks_share(tmp_path):
+    net = describe_cluster("1Gbit", "50us", cores=2, ranks_per_host=None)
+    net.beta_cpu_s_per_byte, net.gamma_s_per_byte = 2e-10, 1e-10
+    topo = from_network(net, 4)
+    assert topo.num_workers == 4 and topo.levels[0].bandwidth == pytest.approx(1e9 / 8)
+    assert topo.levels[0].latency == pytest.approx(50e-6)
+    # all four ranks on one host (ranks_per_host None); the comm threads burn beta_cpu
+    # per byte moved and reduce half of those bytes at gamma
+    shared = topo.shared_cores
+    assert (shared.cores, shared.workers_per_host) == (2, 4)
+    assert shared.comm_cpu_s_per_byte == pytest.approx(2.5e-10)
+    topo.save(tmp_path / "topo.json")
+    assert HierarchicalTopology.load(tmp_path / "topo.json") == topo
+    # a described cluster: one worker per host, its compute and comm threads on 2 cores
+    given = from_network(describe_cluster("10Gbit", "20us"), 8).shared_cores
+    assert (given.cores, given.workers_per_host) == (2, 1)
+    net.cores = None  # nothing said about the cores: none shared
+    assert from_network(net, 4).shared_cores is None
+    with pytest.raises(ValueError, match="cores must be an integer >= 1"):
+        SharedCores(0, 4)
+    with pytest.raises(ValueError, match="bad shared_cores"):
+        HierarchicalTopology.from_dict({"levels": [{"count": 2, "bandwidth": 1e9}],
+                                        "shared_cores": {"cores": 2}})
 
 
 @pytest.mark.parametrize(

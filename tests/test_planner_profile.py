@@ -1,5 +1,6 @@
 """The planners' per-layer profile: bytes by hand, saved activations, times, JSON."""
 
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,20 @@ def test_optimizer_state_is_measured_without_touching_the_model():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_steps_copies_and_the_loss_are_timed_where_they_exist():
+    model, x = small_model(), torch.randn(4, 6)
+    labels = torch.tensor([0, 1, 2, 0])
+    before = [p.detach().clone() for p in model.parameters()]
+    prof = profile(model, x, warmup=1, repeats=3,
+                   loss_fn=lambda out: nn.functional.cross_entropy(out, labels))
+    linear, relu = prof.layers[0], prof.layers[1]
+    assert linear.update_s > 0 and linear.copy_s > 0
+    assert relu.update_s == 0 and relu.copy_s == 0  # nothing to step or stash
+    assert prof.loss_s > 0
+    assert profile(model, x, warmup=0, repeats=1).loss_s == 0  # no loss given
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 def test_a_list_of_modules_works_like_a_sequential():
     layers = [nn.Linear(3, 2), nn.Tanh()]
     prof = profile(layers, torch.randn(2, 3), warmup=0, repeats=1)
@@ -53,7 +68,9 @@ def test_a_list_of_modules_works_like_a_sequential():
 
 
 def test_json_round_trip(tmp_path):
-    prof = profile(small_model(), torch.randn(4, 6), warmup=0, repeats=2)
+    prof = profile(small_model(), torch.randn(4, 6), warmup=0, repeats=2,
+                   loss_fn=lambda out: out.square().mean())
+    prof = dataclasses.replace(prof, stage_overhead_s=2e-4)
     prof.save(tmp_path / "profile.json")
     again = ModelProfile.load(tmp_path / "profile.json")
     assert again == prof

@@ -1,12 +1,14 @@
 """The pipeline simulator against hand-worked timelines: PipeDream Figs. 4 and 8, GPipe's
 bubble, balanced pipelines, MadPipe's 1F1B* counts, links, all-reduce and memory."""
 
+import dataclasses
 import math
 
 import pytest
 
 from pipesgd.pipeline.plan import Plan, StagePlan
 from pipesgd.planner import ModelProfile, simulate, stored_activations
+from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
 
 def chain(forward, backward, *, output=None, weights=None, optimizer=None, saved=None,
@@ -233,6 +235,75 @@ def test_accumulated_steps_allreduce_once_per_step():
                 micro_batches_per_step=2)
     sim = simulate(plan, prof, "4x[1GB/s]")
     assert sim.time_per_micro_batch_s == pytest.approx((6.0 + 1.5) / 8)
+
+
+# ----------------------------------------------------------------- host costs
+def with_costs(prof, **changes):
+    """`prof` with every layer's update/copy times and the model's loss and overhead set."""
+    layer = {k: v for k, v in changes.items() if k in ("update_s", "copy_s")}
+    model = {k: v for k, v in changes.items() if k not in layer}
+    return dataclasses.replace(
+        prof, layers=tuple(dataclasses.replace(lp, **layer) for lp in prof.layers), **model)
+
+
+def test_update_loss_and_overhead_lengthen_the_stage_they_belong_to():
+    # Two stages, F = 1, B = 2. The step (0.5 each), the runtime's overhead (0.25 per
+    # forward) and the loss (0.5 per 4 samples, last stage only) land on the stages'
+    # cycles: stage 0 = 1 + 0.25 + 2 + 0.5 = 3.75, stage 1 = 1 + 0.5 + 0.25 + 2 + 0.5 =
+    # 4.25, the bottleneck.
+    prof = with_costs(chain([1.0, 1.0], [2.0, 2.0]), update_s=0.5, loss_s=0.5,
+                      stage_overhead_s=0.25)
+    sim = simulate(Plan.even(2, 2, micro_batch=4), prof)
+    assert sim.time_per_micro_batch_s == pytest.approx(4.25)
+    assert sim.bottleneck == "stage 1"
+    # the loss scales with the micro-batch, the step does not
+    twice = simulate(Plan.even(2, 2, micro_batch=8), prof)
+    assert twice.time_per_micro_batch_s == pytest.approx(2 * 3.5 + 0.5 + 0.25)
+
+
+def test_a_forward_that_stashes_a_new_version_pays_its_copy():
+    # Two stages, F = 1, B = 2, 1F1B with a step per micro-batch. Stage 0 keeps two
+    # micro-batches in flight, so a step falls between each forward and its backward:
+    # every forward takes a new version and pays its copy (0.5), 3.5 per micro-batch.
+    # The last stage runs each backward right after its forward, on the live weights.
+    prof = with_costs(chain([1.0, 1.0], [2.0, 2.0]), copy_s=0.5)
+    sim = simulate(Plan.even(2, 2, micro_batch=4), prof)
+    assert sim.time_per_micro_batch_s == pytest.approx(3.5)
+    assert sim.bottleneck == "stage 0"
+    assert simulate(Plan.even(2, 2, micro_batch=4), chain([1.0, 1.0], [2.0, 2.0])
+                    ).time_per_micro_batch_s == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("cores, expected", [(8, 3.0), (3, 3.0), (2, 4.5), (1, 9.0)])
+def test_workers_sharing_cores_split_them(cores, expected):
+    # Three balanced stages (F = 1, B = 2) on one host: with fewer cores than busy workers
+    # each progresses at cores / workers, so a micro-batch takes 9 / cores (9 units of
+    # work on `cores` cores), never less than the 3 of a worker on its own.
+    topo = HierarchicalTopology((Level(3, 1e15),), shared_cores=SharedCores(cores, 3))
+    sim = simulate(Plan.even(3, 3, micro_batch=4), chain([1.0] * 3, [2.0] * 3), topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(expected)
+
+
+def test_shared_cores_per_host_only_slow_the_workers_of_that_host():
+    # Two hosts of two workers, one core each: stage 0 (host 0: ranks 0, 1 = two stages
+    # of 3) shares one core, host 1 likewise: 6 units of work per micro-batch per host.
+    topo = HierarchicalTopology((Level(4, 1e15),), shared_cores=SharedCores(1, 2))
+    sim = simulate(Plan.even(4, 4, micro_batch=4), chain([1.0] * 4, [2.0] * 4), topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(6.0)
+
+
+def test_a_shared_memory_allreduce_competes_for_the_cores():
+    # One stage on 2 replicas sharing one core. Each round computes F + B = 3 on both
+    # replicas (6 of work on one core) and then all-reduces 1 GB: 1 s on the wire; its
+    # CPU work, 1 GB x 1 ns/B per comm thread, 2 s on the one core for both. A round
+    # takes 6 + max(1, 2) = 8 s for 2 micro-batches.
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 2),), schedule="1f1b-rr", micro_batch=4)
+    alone = simulate(plan, prof, HierarchicalTopology((Level(2, 1e9),)))
+    shared = simulate(plan, prof, HierarchicalTopology(
+        (Level(2, 1e9),), shared_cores=SharedCores(1, 2, comm_cpu_s_per_byte=1e-9)))
+    assert alone.time_per_micro_batch_s == pytest.approx((3.0 + 1.0) / 2)
+    assert shared.time_per_micro_batch_s == pytest.approx(8.0 / 2)
 
 
 # ----------------------------------------------------------------- errors

@@ -5,7 +5,8 @@
 Rank 0 profiles the model the run builds (its `LayerModel`, at the run's micro-batch, one
 thread), takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or else
 from the job's own network (`measure_network`, all ranks, one level of p workers at its
-β and α), ranks the candidates with `pipesgd.planner.choose` and prints the ranking as
+β and α, sharing the cores it counted), ranks the candidates with
+`pipesgd.planner.choose` and prints the ranking as
 `pipesgd plan` prints it. The other ranks sleep meanwhile (`idle_barrier`). Rank 0 then
 broadcasts its decision, or its error, so every rank runs the same plan or every rank
 stops with the same message. The run is the best pipeline even where data parallelism
@@ -132,27 +133,29 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     """
     from pipesgd.polling import decided_on_root
 
-    topology, network = None, "given"
+    topology, network, measured = None, "given", None
     if not (args.topology or args.bandwidth):
-        topology, network = _measured_topology(comm)  # collective: every rank measures
+        # collective: every rank measures
+        topology, network, measured = measured_topology(comm)
     errors = (ValueError, TypeError, OSError, RuntimeError)
     try:
         return decided_on_root(
-            comm, lambda: _choose(args, model, comm.Get_size(), topology, network), errors)
+            comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured),
+            errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
 
 
-def _measured_topology(comm: Any) -> tuple[Any, str]:
-    """One level of the job's p ranks at the measured β and α."""
-    from pipesgd.planner.topology import HierarchicalTopology, Level
+def measured_topology(comm: Any) -> tuple[Any, str, Any]:
+    """(one level of the job's p ranks at the measured β and α with the cores they share,
+    a description, the measured `NetworkParams`). Collective."""
+    from pipesgd.planner.topology import from_network
     from pipesgd.timing.network import measure_network
 
     net = measure_network(comm, repeats=NETWORK_REPEATS)
-    level = Level(comm.Get_size(), 1.0 / net.beta_s_per_byte, net.alpha_s)
-    return HierarchicalTopology((level,)), (
+    return from_network(net, comm.Get_size()), (
         f"{net.source}: beta {net.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gbit/s, "
-        f"alpha {net.alpha_s * 1e6:.3g} us")
+        f"alpha {net.alpha_s * 1e6:.3g} us"), net
 
 
 def _given_topology(args: argparse.Namespace, workers: int) -> Any:
@@ -169,7 +172,7 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
 
 
 def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
-            network: str) -> AutoPlan:
+            network: str, measured: Any = None) -> AutoPlan:
     """Rank 0: profile, choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, profile_layer_model, train_command
@@ -181,7 +184,7 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
             f"--bandwidth {args.bandwidth} --latency {args.latency}")
     prof = profile_layer_model(model, args.model, micro, threads=1)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
-                    staleness=args.staleness)
+                    staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)
     best, pipeline = choice.best, choice.best_pipeline
     command = None

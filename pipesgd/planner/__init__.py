@@ -14,10 +14,11 @@
     print(choose(prof, "8x[1Gbit]", "64MB", batch_size=32).explanation)
 
 Modules: profile (LayerProfile, ModelProfile, profile), topology (levels of components
-and bandwidths), pipedream (the hierarchical DP with replicated stages), madpipe (1F1B*
-activation counts and the memory-aware DP), simulate (the runtime's schedule of a plan,
-timed: samples/s, bubbles, peak memory), choose (PipeDream, MadPipe or data parallelism,
-ranked by predicted samples/s within a memory budget), cli (`pipesgd plan`).
+and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
+stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
+runtime's schedule of a plan, timed: samples/s, bubbles, peak memory), choose (PipeDream,
+MadPipe or data parallelism, ranked by predicted samples/s within a memory budget), cli
+(`pipesgd plan`).
 """
 
 from .choose import Candidate, PlanChoice, choose
@@ -32,7 +33,7 @@ from .madpipe import (
 from .pipedream import LevelStage, PipeDreamResult, pipedream, to_plan
 from .profile import LayerProfile, ModelProfile, profile
 from .simulate import SimulationResult, StageReport, simulate
-from .topology import HierarchicalTopology, Level, parse_bytes
+from .topology import HierarchicalTopology, Level, SharedCores, from_network, parse_bytes
 
 __all__ = [
     "Candidate",
@@ -44,9 +45,11 @@ __all__ = [
     "ModelProfile",
     "PipeDreamResult",
     "PlanChoice",
+    "SharedCores",
     "SimulationResult",
     "StageReport",
     "choose",
+    "from_network",
     "madpipe",
     "madpipe_dp",
     "parse_bytes",

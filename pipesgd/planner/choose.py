@@ -17,8 +17,8 @@ The three families, each predicted by the model that knows how it runs:
 - data-parallel: every worker holds the whole model; `pipesgd.timing.model.choose` ranks
   staleness x compression x overlap on a network from the topology's slowest level (a
   flat ring crosses it), or `dp_network`. Its profile is the per-layer profile's totals
-  (gradients ready as the backward reaches each layer, no optimizer step time, which the
-  per-layer profile does not measure and the pipeline simulation leaves out too).
+  (gradients ready as the backward reaches each layer, the loss in the forward, the
+  optimizer steps of every layer as its update).
 
 Batch sizes: `batch_size` samples per optimizer step of one worker, i.e. per rank and
 iteration for data parallelism (`pipesgd train --batch-size`) and micro_batch x
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipesgd.pipeline.plan import Plan
@@ -50,7 +50,7 @@ from pipesgd.timing.profile import Profile
 
 from .madpipe import madpipe, smallest_budget
 from .pipedream import pipedream, to_plan
-from .profile import LayerProfile, ModelProfile
+from .profile import ModelProfile
 from .simulate import SimulationResult, batch_scale, simulate
 from .topology import HierarchicalTopology, Level, as_topology, parse_bytes
 
@@ -156,21 +156,22 @@ def _finite(x: float) -> float | None:
 
 # --------------------------------------------------------------------------- inputs
 def at_batch(profile: ModelProfile, batch: int) -> ModelProfile:
-    """The profile for `batch` samples: times, outputs and saved activations scaled
-    linearly (`batch_scale`); weights and optimizer state kept."""
+    """The profile for `batch` samples: times, outputs, saved activations and the loss
+    scaled linearly (`batch_scale`); weights, optimizer state, updates and copies kept."""
     k = batch_scale(profile, batch)
     layers = tuple(
-        LayerProfile(lp.forward_s * k, lp.backward_s * k, lp.output_bytes * k,
-                     lp.param_bytes, lp.optimizer_bytes, lp.saved_bytes * k, lp.name)
+        replace(lp, forward_s=lp.forward_s * k, backward_s=lp.backward_s * k,
+                output_bytes=lp.output_bytes * k, saved_bytes=lp.saved_bytes * k)
         for lp in profile.layers
     )
-    return ModelProfile(layers, batch_size=batch, source=profile.source, extra=profile.extra)
+    return replace(profile, layers=layers, batch_size=batch, loss_s=profile.loss_s * k)
 
 
 def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
     """The timing model's whole-model profile from the per-layer one at `batch_size`:
-    forward and backward summed, gradient bytes = weight bytes, each layer's gradient
-    ready when the backward (last layer first) has passed it, no optimizer step time."""
+    forward (with the loss), backward and optimizer steps summed, gradient bytes =
+    weight bytes, each layer's gradient ready when the backward (last layer first) has
+    passed it."""
     scaled = at_batch(profile, batch_size)
     backward = sum(lp.backward_s for lp in scaled.layers)
     ready, elapsed = [], 0.0
@@ -179,9 +180,9 @@ def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
         if lp.param_bytes:
             ready.append((lp.param_bytes, min(1.0, elapsed / backward) if backward else 1.0))
     return Profile(
-        forward_s=sum(lp.forward_s for lp in scaled.layers),
+        forward_s=sum(lp.forward_s for lp in scaled.layers) + scaled.loss_s,
         backward_s=backward,
-        update_s=0.0,
+        update_s=sum(lp.update_s for lp in scaled.layers),
         gradient_bytes=sum(lp.param_bytes for lp in scaled.layers),
         gradient_ready=ready,
         threads=1,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -122,22 +123,29 @@ def measure(args: argparse.Namespace) -> Any:
 
 def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> Any:
     """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
-    torch threads; the profile's `extra` names the model and its shape."""
+    torch threads, with the cross-entropy loss on random labels and the pipeline
+    runtime's own time per micro-batch (`runtime.overhead_s`); the profile's `extra`
+    names the model and its shape."""
     import torch
 
-    from .profile import ModelProfile, profile
+    from pipesgd.pipeline.runtime import overhead_s
+
+    from .profile import profile
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         net = spec.build(seed=0).train()
-        x = torch.randn(batch, *spec.input_shape, generator=torch.Generator().manual_seed(0))
-        prof = profile(net, x)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, *spec.input_shape, generator=g)
+        labels = torch.randint(spec.num_classes, (batch,), generator=g)
+        prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
+            out, labels))
     finally:
         torch.set_num_threads(previous)
-    return ModelProfile(prof.layers, batch_size=prof.batch_size, source=prof.source,
-                        extra={"model": model, "input_shape": list(spec.input_shape),
-                               "num_classes": spec.num_classes})
+    return replace(prof, stage_overhead_s=overhead_s(),
+                   extra={"model": model, "input_shape": list(spec.input_shape),
+                          "num_classes": spec.num_classes})
 
 
 def _profile(args: argparse.Namespace) -> Any:

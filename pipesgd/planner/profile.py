@@ -34,6 +34,8 @@ class LayerProfile:
         optimizer_bytes: bytes of the optimizer's state for those parameters.
         saved_bytes: bytes autograd keeps from the forward until the backward, parameters
             excluded (they are in `param_bytes`): one micro-batch's stored activations.
+        update_s: one optimizer step of its parameters (s).
+        copy_s: one copy of its parameters (s): a version weight stashing keeps.
         name: for tables.
     """
 
@@ -43,11 +45,13 @@ class LayerProfile:
     param_bytes: float
     optimizer_bytes: float = 0.0
     saved_bytes: float = 0.0
+    update_s: float = 0.0
+    copy_s: float = 0.0
     name: str = ""
 
     def __post_init__(self) -> None:
         for key in ("forward_s", "backward_s", "output_bytes", "param_bytes",
-                    "optimizer_bytes", "saved_bytes"):
+                    "optimizer_bytes", "saved_bytes", "update_s", "copy_s"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not (value >= 0 and math.isfinite(value)):
@@ -70,11 +74,18 @@ class ModelProfile:
         layers: one LayerProfile per layer (at least one).
         batch_size: samples of the micro-batch the figures are for (0: not known).
         source: where the figures come from.
+        loss_s: the loss's forward and backward on the last layer's output (s), which
+            the last stage runs after its forward.
+        stage_overhead_s: the pipeline runtime's own time per micro-batch on a stage, its
+            layers' work apart (dispatching the forward, backward and step; measured by
+            `pipesgd.pipeline.runtime.overhead_s`).
     """
 
     layers: tuple[LayerProfile, ...]
     batch_size: int = 0
     source: str = ""
+    loss_s: float = 0.0
+    stage_overhead_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +97,10 @@ class ModelProfile:
                 raise TypeError(f"layer {i} is a {type(layer).__name__}, not a LayerProfile")
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
+        for key in ("loss_s", "stage_overhead_s"):
+            value = getattr(self, key)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
 
     @classmethod
     def from_columns(
@@ -146,6 +161,8 @@ class ModelProfile:
             "layers": [asdict(layer) for layer in self.layers],
             "batch_size": self.batch_size,
             "source": self.source,
+            "loss_s": self.loss_s,
+            "stage_overhead_s": self.stage_overhead_s,
             **self.extra,
         }
 
@@ -156,7 +173,7 @@ class ModelProfile:
                 "a model profile is {'layers': [{'forward_s': ..., 'backward_s': ..., "
                 "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
             )
-        known = {"layers", "batch_size", "source"}
+        known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s"}
         try:
             layers = tuple(LayerProfile(**layer) for layer in data["layers"])
         except TypeError as err:
@@ -165,6 +182,8 @@ class ModelProfile:
             layers,
             batch_size=int(data.get("batch_size", 0)),
             source=str(data.get("source", "")),
+            loss_s=float(data.get("loss_s", 0.0)),
+            stage_overhead_s=float(data.get("stage_overhead_s", 0.0)),
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -183,6 +202,7 @@ def profile(
     optimizer_factory: Callable[[list[Any]], Any] | None = None,
     warmup: int = 3,
     repeats: int = 10,
+    loss_fn: Callable[[Any], Any] | None = None,
 ) -> ModelProfile:
     """Measure every layer of `layers` on `sample_input` (one micro-batch).
 
@@ -203,6 +223,10 @@ def profile(
       A tensor that two adjacent layers both save (a ReLU's output is the next Linear's
       input) counts in both, so the sum over a stage is an upper bound, exact at the
       stage's first layer (whose input the stage keeps as received).
+    - update_s: the median of `optimizer_factory(params).step()` (plain SGD when None)
+      on a copy of the layer; copy_s: of copying its parameters (a stashed version).
+    - loss_s (of the model): the median of `loss_fn(output).backward()` on the last
+      layer's output (0 without `loss_fn`).
 
     Forward passes run in the layers' current mode (call `model.train()` first for
     training figures), and they move BatchNorm running statistics as training would.
@@ -213,6 +237,7 @@ def profile(
         sample_input: a tensor of one micro-batch (its first dimension is the batch).
         optimizer_factory: params -> optimizer, e.g. `lambda p: torch.optim.Adam(p)`.
         warmup, repeats: untimed and timed runs of each measurement.
+        loss_fn: output -> scalar loss, e.g. `lambda y: F.cross_entropy(y, labels)`.
 
     Raises:
         ValueError: no layers, repeats < 1, or warmup < 0.
@@ -260,6 +285,7 @@ def profile(
         backward_s = 0.0
         if inputs and y.requires_grad:
             backward_s = _median(backward, warmup, repeats)
+        update_s, copy_s = _update_times(module, optimizer_factory, sync, warmup, repeats)
         out.append(LayerProfile(
             forward_s=forward_s,
             backward_s=backward_s,
@@ -267,13 +293,24 @@ def profile(
             param_bytes=float(sum(_nbytes(p) for p in module.parameters())),
             optimizer_bytes=float(_optimizer_bytes(module, optimizer_factory)),
             saved_bytes=float(_saved_bytes(module, x_in)),
+            update_s=update_s,
+            copy_s=copy_s,
             name=name,
         ))
         x = y.detach()
     batch = int(sample_input.shape[0]) if sample_input.dim() else 0
+    loss_s = 0.0
+    if loss_fn is not None:
+        out_leaf = x.detach().requires_grad_(True)
+
+        def loss() -> None:
+            loss_fn(out_leaf).backward()
+
+        loss_s = _median(_timed(loss, sync), warmup, repeats)
     return ModelProfile(
         tuple(out),
         batch_size=batch,
+        loss_s=loss_s,
         source=f"profiled on {sample_input.device}: median of {repeats} after {warmup} "
                f"warm-up, {torch.get_num_threads()} thread(s)",
     )
@@ -324,6 +361,29 @@ def _saved_bytes(module: Any, x_in: Any) -> int:
     own = {t.untyped_storage().data_ptr()
            for t in [*module.parameters(), *module.buffers()]}
     return _unique_storage_bytes(packed, own)
+
+
+def _update_times(module: Any, factory: Callable[[list[Any]], Any] | None,
+                  sync: Callable[[], None], warmup: int, repeats: int) -> tuple[float, float]:
+    """(one optimizer step, one copy) of the layer's trainable parameters, on a twin."""
+    import torch
+
+    if not any(p.requires_grad for p in module.parameters()):
+        return 0.0, 0.0
+    twin = copy.deepcopy(module)  # stepping must not change the caller's weights
+    params = [p for p in twin.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-6
+    opt = factory(params) if factory is not None else torch.optim.SGD(params, lr=1e-3)
+    copies = [p.detach().clone() for p in params]
+
+    def copy_all() -> None:
+        with torch.no_grad():
+            for c, p in zip(copies, params, strict=True):
+                c.copy_(p)
+
+    return (_median(_timed(opt.step, sync), warmup, repeats),
+            _median(_timed(copy_all, sync), warmup, repeats))
 
 
 def _optimizer_bytes(module: Any, factory: Callable[[list[Any]], Any] | None) -> int:

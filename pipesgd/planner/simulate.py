@@ -5,18 +5,23 @@ Every rank runs its list of `schedule.lower(plan, schedule.generate(plan, n))`, 
 this simulation repeats in passing), one action at a time:
 
     F, B     busy for the stage's forward / backward time: the sum of its layers' times in
-             the profile, times micro_batch / profile.batch_size
+             the profile, times micro_batch / profile.batch_size; the last stage's
+             forward adds the loss (`loss_s`, scaled alike), every forward the
+             runtime's own time per micro-batch (`stage_overhead_s`), and a forward
+             that takes a new stashed version of the weights their copy (`copy_s`)
     SF, SB   free (the runtime's sends are non-blocking); the message, a_l bytes of the
              layer at the stage boundary (scaled like the times), waits for the link
              between the two ranks, occupies it bytes / bandwidth and arrives one latency
              after that
     RF, RB   waits for its message (the runtime posts receives ahead, so a transfer never
              waits for its receive)
-    AR       free: the round's all-reduce starts once every replica of the stage has
-             reached it and the stage's previous round is done (the engine runs rounds in
-             order), and takes 2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
+    AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
+             starts once every replica of the stage has reached it and the stage's
+             previous round is done (the engine runs rounds in order), and takes
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
-             runtime's default), the one K-1 rounds back, or every one at the last round
+             runtime's default), the one K-1 rounds back, or every one at the last round;
+             then busy for the optimizer step of the stage's layers (`update_s`)
 
 so the all-reduce of a replicated stage starts when the backward of the last micro-batch
 of an update round ends, as `ReplicaGradientSync` does, not by PipeDream's wait-free rule
@@ -40,8 +45,16 @@ stashed copies alive, `WeightStash` for 1f1b, none for gpipe's `LatestWeights`) 
 optimizer state + saved activations x micro-batches between their forward and backward;
 the peak over the run, the largest over a stage's replicas.
 
-Left out: the optimizer step's time (the profile has none), the CPU cost of communication,
-several peers sharing one rank's NIC and all-reduces sharing links with activations,
+Shared cores. Where the topology's workers share CPU cores (`SharedCores`: training on
+CPUs), every busy thread of a host progresses at min(1, cores / busy threads) (processor
+sharing): a rank's F, B, U and its gradient copy, and its comm thread's share of each
+all-reduce round (bytes moved x `comm_cpu_s_per_byte`); a round ends when its wire time
+and every replica's CPU work are done. AR itself first copies the stage's gradients into
+the engine's buffer on the rank (`copy_s`). Without shared cores each worker computes
+alone and a round takes its wire time.
+
+Left out: the CPU cost of activation transfers, several peers sharing one rank's NIC and
+all-reduces sharing links with activations,
 compression of the replicas' all-reduce, gradient and communication buffers in memory.
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
@@ -54,6 +67,7 @@ Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -205,6 +219,8 @@ def batch_scale(profile: ModelProfile, batch: int) -> float:
 class _StageCost:
     forward_s: float
     backward_s: float
+    update_s: float
+    copy_s: float  # one stashed version of the weights
     output_bytes: float  # sent downstream per micro-batch
     input_bytes: float  # its gradient, sent upstream per micro-batch
     weight_bytes: float
@@ -218,9 +234,13 @@ def _stage_costs(plan: Plan, profile: ModelProfile) -> list[_StageCost]:
     out = []
     for sp in plan.stages:
         mine = layers[sp.start:sp.end]
+        loss = k * profile.loss_s if sp.end == len(layers) else 0.0
         out.append(_StageCost(
-            forward_s=k * sum(lp.forward_s for lp in mine),
+            forward_s=k * sum(lp.forward_s for lp in mine) + loss
+            + profile.stage_overhead_s,
             backward_s=k * sum(lp.backward_s for lp in mine),
+            update_s=sum(lp.update_s for lp in mine),
+            copy_s=sum(lp.copy_s for lp in mine),
             output_bytes=k * layers[sp.end - 1].output_bytes,
             input_bytes=k * layers[sp.start - 1].output_bytes if sp.start > 0 else 0.0,
             weight_bytes=sum(lp.param_bytes for lp in mine),
@@ -228,6 +248,37 @@ def _stage_costs(plan: Plan, profile: ModelProfile) -> list[_StageCost]:
             saved_bytes=k * sum(lp.saved_bytes for lp in mine),
         ))
     return out
+
+
+class _Cpu:
+    """One host's cores, shared by the threads busy on it (processor sharing): each
+    progresses at min(1, cores / busy threads). Jobs: key -> [work left (s), token]; a
+    job's finish event carries its token (never reused, as keys are), so an event
+    scheduled before the rate last changed is ignored."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+        self.jobs: dict[tuple, list[Any]] = {}
+        self.t = 0.0
+        self._tokens = itertools.count()
+
+    def rate(self) -> float:
+        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
+
+    def advance(self, t: float) -> None:
+        rate = self.rate()
+        for job in self.jobs.values():
+            job[0] = max(0.0, job[0] - (t - self.t) * rate)
+        self.t = t
+
+    def schedule(self, t: float) -> list[tuple[float, tuple, int]]:
+        """(finish time, key, token) of every job at the current rate."""
+        rate = self.rate()
+        out = []
+        for key, job in self.jobs.items():
+            job[1] = next(self._tokens)
+            out.append((t + job[0] / rate, key, job[1]))
+        return out
 
 
 class _Network:
@@ -273,6 +324,24 @@ class _Network:
             return math.inf, 0.0
         return self._level([self.worker[a], self.worker[b]])
 
+    def host(self, rank: int) -> int:
+        """The host whose cores the rank computes on (its own without shared cores)."""
+        shared = self.topology.shared_cores if self.topology is not None else None
+        return rank if shared is None else self.worker[rank] // shared.workers_per_host
+
+    def cpus(self) -> dict[int, _Cpu]:
+        shared = self.topology.shared_cores if self.topology is not None else None
+        cores = math.inf if shared is None else shared.cores
+        return {h: _Cpu(cores) for h in {self.host(r) for r in range(len(self.worker))}}
+
+    def ring_cpu_s(self, ranks: Sequence[int], nbytes: float) -> float:
+        """CPU time of one replica's comm thread in a ring all-reduce of `nbytes`."""
+        shared = self.topology.shared_cores if self.topology is not None else None
+        r = len(ranks)
+        if r < 2 or shared is None:
+            return 0.0
+        return 2 * (r - 1) / r * nbytes * shared.comm_cpu_s_per_byte
+
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency."""
         r = len(ranks)
@@ -296,14 +365,18 @@ class _Memory:
         self.peak_in_flight = 0
         self.peak_versions = 1
 
-    def forward(self, mb: int) -> None:
+    def forward(self, mb: int) -> bool:
+        """Hold micro-batch mb's version; True when that takes a new copy of the weights."""
         v = self.version
+        copied = False
         if not self.stash or (mb in self.live_ok and v not in self.copies):
             self.of_mb[mb] = None
         else:
+            copied = v not in self.copies
             self.copies.setdefault(v, set()).add(mb)
             self.of_mb[mb] = v
         self._record()
+        return copied
 
     def backward_done(self, mb: int) -> None:
         v = self.of_mb.pop(mb)
@@ -402,6 +475,8 @@ def simulate(
     ranks_of = [[plan.rank_of(s, i) for i in range(sp.replicas)]
                 for s, sp in enumerate(plan.stages)]
     ring_s = [net.ring_s(ranks_of[s], costs[s].weight_bytes) for s in range(plan.num_stages)]
+    ring_cpu_s = [net.ring_cpu_s(ranks_of[s], costs[s].weight_bytes)
+                  for s in range(plan.num_stages)]
     last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
                   for s in range(plan.num_stages)]
     memory = [
@@ -411,13 +486,25 @@ def simulate(
     ]
 
     pc = [0] * world
-    heap: list[tuple[float, int, int]] = []
+    heap: list[tuple[float, int, tuple]] = []
     seq = 0
 
-    def wake(t: float, rank: int) -> None:
+    def push(t: float, event: tuple) -> None:
         nonlocal seq
-        heapq.heappush(heap, (t, seq, rank))
+        heapq.heappush(heap, (t, seq, event))
         seq += 1
+
+    def wake(t: float, rank: int) -> None:
+        push(t, ("rank", rank))
+
+    cpus = net.cpus()
+
+    def start_job(t: float, rank: int, key: tuple, work: float) -> None:
+        cpu = cpus[net.host(rank)]
+        cpu.advance(t)
+        cpu.jobs[key] = [work, 0]
+        for finish, k, token in cpu.schedule(t):
+            push(finish, ("job", net.host(rank), k, token))
 
     arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
     waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
@@ -425,16 +512,43 @@ def simulate(
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     ar_arrived: dict[tuple[int, int], list[float]] = defaultdict(list)
     ar_end: dict[tuple[int, int], float] = {}
-    ar_free = [0.0] * plan.num_stages
+    ar_queue: list[list[int]] = [[] for _ in plan.stages]  # rounds ready, in order
+    ar_running: list[tuple[float, int, int] | None] = [None] * plan.num_stages
     ar_use: list[list[tuple[float, float]]] = [[] for _ in plan.stages]
     waiting_ar: dict[tuple[int, int], list[int]] = defaultdict(list)
     compute: list[list[Interval]] = [[] for _ in range(world)]
+    started = [0.0] * world  # start of the rank's compute action under way
+    copied = [False] * world  # the AR under way has copied its gradients
     done: dict[int, float] = {}  # micro-batch -> end of stage 0's backward
 
-    for r in range(world):
-        wake(0.0, r)
-    while heap:
-        t, _, rank = heapq.heappop(heap)
+    def start_round(t: float, stage: int) -> None:
+        """The stage's next ready round: on the wire for ring_s, and on each replica's
+        comm thread for its CPU work (the engine runs rounds one at a time)."""
+        if ar_running[stage] is not None or not ar_queue[stage]:
+            return
+        rnd = ar_queue[stage].pop(0)
+        ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
+        push(t + ring_s[stage], ("wire", stage, rnd))
+        for r in ranks_of[stage]:
+            start_job(t, r, ("comm", r, stage, rnd), ring_cpu_s[stage])
+
+    def part_done(t: float, stage: int) -> None:
+        """One of a round's parts (the wire, a replica's CPU work) ended at t."""
+        running = ar_running[stage]
+        assert running is not None
+        begin, rnd, left = running
+        if left > 1:
+            ar_running[stage] = (begin, rnd, left - 1)
+            return
+        ar_running[stage] = None
+        ar_end[(stage, rnd)] = t
+        ar_use[stage].append((begin, t))
+        for other in waiting_ar.pop((stage, rnd), []):
+            wake(t, other)
+        start_round(t, stage)
+
+    def run(rank: int, t: float) -> None:
+        """Run the rank's actions from its program counter until it waits or computes."""
         mine = acts[rank]
         stage = stage_of[rank]
         cost = costs[stage]
@@ -442,16 +556,13 @@ def simulate(
             a = mine[pc[rank]]
             if a.kind in ("F", "B"):
                 d = cost.forward_s if a.kind == "F" else cost.backward_s
-                compute[rank].append(Interval(rank, str(a), t, t + d))
                 if a.kind == "F":
-                    memory[rank].forward(a.mb)
+                    d += cost.copy_s if memory[rank].forward(a.mb) else 0.0
                 else:
                     memory[rank].backward_done(a.mb)
-                    if stage == 0:
-                        done[a.mb] = t + d
-                pc[rank] += 1
-                wake(t + d, rank)
-                break
+                started[rank] = t
+                start_job(t, rank, ("compute", rank), d)
+                return
             if a.kind in ("SF", "SB"):
                 dst = sched.peer(plan, a)
                 nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
@@ -470,33 +581,68 @@ def simulate(
                 key = (rank, sched.message_key(a))
                 if key not in arrival:
                     waiting_msg[key] = rank
-                    break
+                    return
                 at = arrival.pop(key)
                 if at > t:
                     arrival[key] = at
                     wake(at, rank)
-                    break
+                    return
             elif a.kind == "AR":
+                if cost.copy_s > 0 and not copied[rank]:
+                    copied[rank] = True  # first into the engine's buffer, on this thread
+                    started[rank] = t
+                    start_job(t, rank, ("compute", rank), cost.copy_s)
+                    return
+                copied[rank] = False
                 round_key = (stage, a.mb)
                 ar_arrived[round_key].append(t)
                 if len(ar_arrived[round_key]) == plan.stages[stage].replicas:
-                    start = max(max(ar_arrived.pop(round_key)), ar_free[stage])
-                    ar_free[stage] = ar_end[round_key] = start + ring_s[stage]
-                    ar_use[stage].append((start, start + ring_s[stage]))
-                    for other in waiting_ar.pop(round_key, []):
-                        wake(ar_end[round_key], other)
+                    del ar_arrived[round_key]
+                    ar_queue[stage].append(a.mb)
+                    start_round(t, stage)
             elif a.kind == "U":
                 if plan.stages[stage].replicas > 1:
                     due = a.mb if a.mb == last_round[stage] else a.mb - (staleness - 1)
-                    if due >= 0:
-                        if (stage, due) not in ar_end:
-                            waiting_ar[(stage, due)].append(rank)
-                            break
-                        if ar_end[(stage, due)] > t:
-                            wake(ar_end[(stage, due)], rank)
-                            break
+                    if due >= 0 and (stage, due) not in ar_end:
+                        waiting_ar[(stage, due)].append(rank)
+                        return
                 memory[rank].update()
+                if cost.update_s > 0:
+                    started[rank] = t
+                    start_job(t, rank, ("compute", rank), cost.update_s)
+                    return
             pc[rank] += 1
+
+    def finish_compute(rank: int, t: float) -> None:
+        a = acts[rank][pc[rank]]
+        compute[rank].append(Interval(rank, str(a), started[rank], t))
+        if a.kind == "B" and stage_of[rank] == 0:
+            done[a.mb] = t
+        if a.kind != "AR":  # after its gradient copy the AR itself runs
+            pc[rank] += 1
+        run(rank, t)
+
+    for r in range(world):
+        wake(0.0, r)
+    while heap:
+        t, _, event = heapq.heappop(heap)
+        if event[0] == "rank":
+            run(event[1], t)
+        elif event[0] == "wire":
+            part_done(t, event[1])
+        else:
+            _, host, key, token = event
+            cpu = cpus[host]
+            if key not in cpu.jobs or cpu.jobs[key][1] != token:
+                continue  # rescheduled since
+            cpu.advance(t)
+            del cpu.jobs[key]
+            for finish, k, tok in cpu.schedule(t):
+                push(finish, ("job", host, k, tok))
+            if key[0] == "compute":
+                finish_compute(key[1], t)
+            else:
+                part_done(t, key[2])
     stuck = {r: pc[r] for r in range(world) if pc[r] < len(acts[r])}
     if stuck:
         detail = ", ".join(f"rank {r} waits at {acts[r][i]}" for r, i in stuck.items())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +80,47 @@ class Level:
 
 
 @dataclass(frozen=True)
+class SharedCores:
+    """Workers that share a host's CPU cores (training on CPUs), as the simulation runs
+    them: every busy thread of a host (a worker's compute, its engine's comm thread)
+    progresses at min(1, cores / busy threads).
+
+    Attributes:
+        cores: CPU cores of one host.
+        workers_per_host: consecutive workers on one host.
+        comm_cpu_s_per_byte: CPU seconds a worker's comm thread spends per byte its
+            all-reduce moves (`NetworkParams.beta_cpu_s_per_byte`; on shared memory the
+            copy itself).
+    """
+
+    cores: int
+    workers_per_host: int
+    comm_cpu_s_per_byte: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("cores", "workers_per_host"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        if not (self.comm_cpu_s_per_byte >= 0 and math.isfinite(self.comm_cpu_s_per_byte)):
+            raise ValueError(f"comm_cpu_s_per_byte must be >= 0, got "
+                             f"{self.comm_cpu_s_per_byte!r}")
+
+
+@dataclass(frozen=True)
 class HierarchicalTopology:
     """Levels innermost first (levels[0] is PipeDream's level 1), and one worker's memory.
 
     Attributes:
         levels: level k = levels[k-1]; a component of the top level is the whole cluster.
         memory_per_worker: bytes of memory of one worker, or None when not given.
+        shared_cores: workers sharing CPU cores (`SharedCores`); None: every worker
+            computes on a processor of its own (one accelerator per worker).
     """
 
     levels: tuple[Level, ...]
     memory_per_worker: float | None = None
+    shared_cores: SharedCores | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -172,6 +203,8 @@ class HierarchicalTopology:
                 for lv in self.levels
             ],
             "memory_per_worker": self.memory_per_worker,
+            "shared_cores": (None if self.shared_cores is None
+                             else asdict(self.shared_cores)),
         }
 
     @classmethod
@@ -186,7 +219,13 @@ class HierarchicalTopology:
                 f"a topology is {{'levels': [{{'count': 4, 'bandwidth': 2e10}}, ...], "
                 f"'memory_per_worker': null}}; missing or bad {err}"
             ) from None
-        return cls(levels, data.get("memory_per_worker"))
+        shared = data.get("shared_cores")
+        try:
+            cores = None if shared is None else SharedCores(**shared)
+        except TypeError as err:
+            raise ValueError(f"bad shared_cores {shared!r}: {err}; e.g. {{'cores': 16, "
+                             f"'workers_per_host': 4}}") from None
+        return cls(levels, data.get("memory_per_worker"), cores)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -194,6 +233,18 @@ class HierarchicalTopology:
     @classmethod
     def load(cls, path: str | Path) -> HierarchicalTopology:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def from_network(net: Any, workers: int) -> HierarchicalTopology:
+    """One level of `workers` at a measured network's β and α (`NetworkParams`), with
+    the cores they share where it says (`cores`, `ranks_per_host`): the comm threads
+    burn β_cpu per byte moved and reduce half of those bytes at γ."""
+    shared = None
+    if net.cores:
+        shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
+                             net.beta_cpu_s_per_byte + net.gamma_s_per_byte / 2)
+    return HierarchicalTopology((Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s),),
+                                shared_cores=shared)
 
 
 def as_topology(topology: HierarchicalTopology | str) -> HierarchicalTopology:

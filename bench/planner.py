@@ -1,0 +1,304 @@
+"""The planner against real runs: every plan it could choose, predicted and measured.
+
+    .venv/bin/python bench/planner.py                  # p = 3, 4 x shared memory, 1 Gbit/s
+
+Each scenario is one `mpirun` (under `bench/netem.py` for emulated links) that, for the
+MLP and the CNN of `pipesgd pipeline`:
+
+1. measures the job's network (`measure_network`, as `pipesgd pipeline --plan auto`
+   does) and profiles the model on rank 0 (`profile_layer_model`, one thread, the run's
+   micro-batch) while the other ranks sleep;
+2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
+   stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
+   (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
+   cuts `pipesgd.planner.simulate` predicts fastest, and adds the chooser's pick
+   (`pipesgd.planner.choose`: PipeDream's plan, or data parallelism with its
+   configuration) if it is not among them;
+3. runs every kept plan for real, in rounds (each plan once per round, `--rounds`), and
+   takes the steady-state samples/s as the simulator does: micro-batches completed by
+   the first stage between the end of the startup and the start of the drain.
+
+Targets, over all plans of all scenarios: median |predicted / measured - 1| <= 15 %,
+worst <= 30 %; in every scenario and model, the chooser's pick measured fastest or
+within 5 % of the fastest plan measured. Writes bench/results/planner.json and .png;
+exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, mpi_env, mpirun, print_table, write_json
+
+HERE = Path(__file__).resolve()
+MEDIAN_ERROR, WORST_ERROR, PICK_WITHIN = 0.15, 0.30, 0.05
+MICRO_BATCH = {"mlp": 64, "cnn": 16}
+DEFAULT_SCENARIOS = "shm-p3,shm-p4,1gbit-p3,1gbit-p4"
+
+
+# --------------------------------------------------------------------------- plans
+def compositions(n: int) -> list[tuple[int, ...]]:
+    """Every ordered way of writing n as a sum of positive integers."""
+    out = []
+    for k in range(1, n + 1):
+        for bars in itertools.combinations(range(1, n), k - 1):
+            edges = (0, *bars, n)
+            out.append(tuple(b - a for a, b in itertools.pairwise(edges)))
+    return out
+
+
+def enumerate_plans(num_layers: int, workers: int, micro_batch: int) -> list[Any]:
+    """Every plan of `num_layers` layers on exactly `workers` ranks."""
+    from pipesgd.pipeline import Plan, StagePlan
+
+    plans = []
+    for shape in compositions(workers):
+        if len(shape) > num_layers:
+            continue
+        for cut in itertools.combinations(range(1, num_layers), len(shape) - 1):
+            bounds = (0, *cut, num_layers)
+            stages = tuple(StagePlan(a, b, r) for (a, b), r in
+                           zip(itertools.pairwise(bounds), shape, strict=True))
+            plans.append(Plan(stages, schedule="1f1b-rr" if max(shape) > 1 else "1f1b",
+                              micro_batch=micro_batch))
+    return plans
+
+
+def describe(plan: Any) -> str:
+    return " | ".join(f"{s.start}-{s.end}" + (f" x{s.replicas}" if s.replicas > 1 else "")
+                      for s in plan.stages)
+
+
+def select_plans(prof: Any, topo: Any, net: Any, workers: int, micro_batch: int,
+                 per_shape: int) -> tuple[list[dict], dict]:
+    """Per replica shape the `per_shape` fastest predicted cuts, and the chooser's pick."""
+    from pipesgd.planner import choose, simulate
+
+    by_shape: dict[tuple[int, ...], list[tuple[float, Any]]] = {}
+    for plan in enumerate_plans(prof.num_layers, workers, micro_batch):
+        rate = simulate(plan, prof, topo).samples_per_s
+        by_shape.setdefault(tuple(s.replicas for s in plan.stages), []).append((rate, plan))
+    kept = []
+    for ranked in by_shape.values():
+        ranked.sort(key=lambda x: -x[0])
+        kept += [{"plan": p.to_dict(), "label": describe(p), "predicted": r}
+                 for r, p in ranked[:per_shape]]
+    choice = choose(prof, topo, batch_size=micro_batch, dp_network=net)
+    best = choice.best
+    if best.plan is None:
+        pred = best.prediction
+        pick = {"label": f"data parallel {pred.config.label}", "predicted": best.samples_per_s,
+                "data_parallel": {"staleness": pred.config.staleness,
+                                  "compression": pred.config.compression,
+                                  "overlap": pred.config.overlap}}
+        kept.append(pick)
+    else:
+        label = describe(best.plan)
+        pick = next((k for k in kept if k["label"] == label), None)
+        if pick is None:
+            pick = {"plan": best.plan.to_dict(), "label": label,
+                    "predicted": best.samples_per_s}
+            kept.append(pick)
+    return kept, {"label": pick["label"], "family": best.family,
+                  "explanation": choice.explanation}
+
+
+# --------------------------------------------------------------------------- runs
+def steady_rate(ends: list[float], micro_batch: int) -> float:
+    """Samples/s between the first and last quarter of the first stage's backwards."""
+    ends = sorted(ends)
+    a, b = len(ends) // 4, len(ends) - 1 - len(ends) // 4
+    return (b - a) * micro_batch / (ends[b] - ends[a])
+
+
+def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches: int) -> float:
+    from pipesgd.pipeline import Pipeline, Plan
+
+    plan = Plan.from_dict(plan_dict)
+    pipe = Pipeline(spec, plan, comm, lr=0.01, seed=0)
+    pipe.train_epoch(data, 0, max_micro_batches=2 * plan.world_size)  # warm-up
+    pipe.timeline.clear()
+    pipe.train_epoch(data, 1, max_micro_batches=micro_batches)
+    ends = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
+        if pipe.stage_id == 0 else []
+    pipe.close()
+    return steady_rate([t for mine in comm.allgather(ends) for t in mine], plan.micro_batch)
+
+
+def run_data_parallel(comm: Any, spec: Any, config: dict, x: Any, y: Any, batch: int,
+                      steps: int) -> float:
+    import torch
+
+    import pipesgd
+
+    net = spec.build(seed=0)
+    opt = pipesgd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
+                                       net.named_parameters(), **config)
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def step(i: int) -> None:
+        lo = ((i * size + rank) * batch) % (len(x) - batch)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[lo:lo + batch]), y[lo:lo + batch]).backward()
+        opt.step()
+
+    for i in range(3):
+        step(i)
+    opt.synchronize()
+    comm.Barrier()
+    begin = time.perf_counter()
+    for i in range(steps):
+        step(3 + i)
+    opt.synchronize()
+    seconds = comm.allreduce(time.perf_counter() - begin, op=max_op())
+    opt.close() if hasattr(opt, "close") else None
+    return steps * batch * size / seconds
+
+
+def max_op() -> Any:
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def worker(args: argparse.Namespace) -> int:
+    import torch
+    from mpi4py import MPI
+
+    import pipesgd
+    from pipesgd.pipeline import MicroBatches, models
+    from pipesgd.pipeline.auto_plan import measured_topology
+    from pipesgd.pipeline.data import synthetic
+    from pipesgd.planner.cli import profile_layer_model
+    from pipesgd.polling import decided_on_root
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    torch.set_num_threads(1)
+    pipesgd.init(comm)
+    topo, network, net = measured_topology(comm)
+    out: dict[str, Any] = {"ranks": size, "network": network, "topology": topo.to_dict(),
+                           "models": {}}
+    for name in args.models.split(","):
+        spec = models.MODELS[name]()
+        mb = MICRO_BATCH[name]
+
+        def decide(spec=spec, name=name, mb=mb) -> tuple[list[dict], dict, dict]:
+            prof = profile_layer_model(spec, name, mb)
+            kept, pick = select_plans(prof, topo, net, size, mb, args.per_shape)
+            return kept, pick, prof.to_dict()
+
+        kept, pick, prof = decided_on_root(comm, decide)
+        x, y = synthetic(4096, spec.input_shape, spec.num_classes, seed=0)
+        data = MicroBatches(x, y, mb, seed=0)
+        measured: dict[str, list[float]] = {k["label"]: [] for k in kept}
+        for _ in range(args.rounds):
+            for k in kept:
+                if "plan" in k:
+                    rate = run_pipeline(comm, spec, k["plan"], data, args.micro_batches)
+                else:
+                    rate = run_data_parallel(comm, spec, k["data_parallel"], x, y, mb,
+                                             args.micro_batches // size)
+                measured[k["label"]].append(rate)
+                if rank == 0:
+                    print(f"{name} {k['label']}: predicted {k['predicted']:.0f}, "
+                          f"measured {rate:.0f} samples/s", flush=True)
+        for k in kept:
+            k["measured"] = statistics.median(measured[k["label"]])
+            k["measured_rounds"] = measured[k["label"]]
+        out["models"][name] = {"plans": kept, "pick": pick, "profile": prof,
+                               "micro_batch": mb}
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    pipesgd.shutdown()
+    return 0
+
+
+# --------------------------------------------------------------------------- driver
+def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
+    link, ranks = scenario.split("-p")
+    inner = [sys.executable, str(HERE), "--worker", "--out", str(out), "--models",
+             args.models, "--rounds", str(args.rounds), "--per-shape", str(args.per_shape),
+             "--micro-batches", str(args.micro_batches)]
+    if link == "shm":
+        cmd = [mpirun(), "--oversubscribe", "-n", ranks, *inner]
+    else:
+        cmd = [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", link,
+               "--", *inner]
+    print(f"\n== {scenario}: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, env=mpi_env(), check=True, timeout=args.timeout)
+    return json.loads(out.read_text())
+
+
+def error(row: dict) -> float:
+    return row["predicted"] / row["measured"] - 1
+
+
+def evaluate(results: dict[str, dict]) -> tuple[list[dict], list[str], bool]:
+    rows, verdicts, ok = [], [], True
+    errors = []
+    for scenario, data in results.items():
+        for model, m in data["models"].items():
+            fastest = max(r["measured"] for r in m["plans"])
+            pick = next(r for r in m["plans"] if r["label"] == m["pick"]["label"])
+            ratio = pick["measured"] / fastest
+            good = ratio >= 1 - PICK_WITHIN
+            ok &= good
+            verdicts.append(f"{scenario} {model}: pick {pick['label']} measured "
+                            f"{ratio:.2f} of the fastest: {'PASS' if good else 'FAIL'}")
+            for r in m["plans"]:
+                errors.append(abs(error(r)))
+                rows.append({"scenario": scenario, "model": model, "plan": r["label"],
+                             "predicted/s": r["predicted"], "measured/s": r["measured"],
+                             "error": f"{error(r):+.1%}",
+                             "pick": "*" if r is pick else ""})
+    med, worst = statistics.median(errors), max(errors)
+    verdicts.append(f"median |error| {med:.1%} (<= {MEDIAN_ERROR:.0%}): "
+                    f"{'PASS' if med <= MEDIAN_ERROR else 'FAIL'}")
+    verdicts.append(f"worst |error| {worst:.1%} (<= {WORST_ERROR:.0%}): "
+                    f"{'PASS' if worst <= WORST_ERROR else 'FAIL'}")
+    ok &= med <= MEDIAN_ERROR and worst <= WORST_ERROR
+    return rows, verdicts, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
+                    help=f"LINK-pRANKS, LINK shm or a rate (default {DEFAULT_SCENARIOS})")
+    ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-shape", type=int, default=2)
+    ap.add_argument("--micro-batches", type=int, default=64,
+                    help="micro-batches per timed epoch")
+    ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    results = {}
+    for scenario in args.scenarios.split(","):
+        results[scenario] = launch(scenario, args, RESULTS / f"planner_{scenario}.json")
+    rows, verdicts, ok = evaluate(results)
+    print_table(rows, "Planner: predicted against measured samples/s")
+    print("\n".join(verdicts))
+    suffix = f"_{args.tag}" if args.tag else ""
+    path = write_json(f"planner{suffix}.json", {"scenarios": results, "verdicts": verdicts})
+    print(f"wrote {path}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
