@@ -188,7 +188,7 @@ def worker(args: argparse.Namespace) -> int:
     pipesgd.init(comm)
     topo, network, net = measured_topology(comm)
     out: dict[str, Any] = {"ranks": size, "network": network, "topology": topo.to_dict(),
-                           "models": {}}
+                           "measured": net.to_dict(), "models": {}}
     for name in args.models.split(","):
         spec = models.MODELS[name]()
         mb = MICRO_BATCH[name]

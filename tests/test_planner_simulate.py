@@ -292,6 +292,20 @@ def test_shared_cores_per_host_only_slow_the_workers_of_that_host():
     assert sim.time_per_micro_batch_s == pytest.approx(6.0)
 
 
+@pytest.mark.parametrize("cpu_s_per_byte, wake_s, expected", [
+    (0.0, 0.0, 6.0), (1e-9, 0.0, 8.0), (0.0, 0.5, 7.0), (1e-9, 0.5, 9.0)])
+def test_transfers_cost_cpu_and_sleepers_wake_late(cpu_s_per_byte, wake_s, expected):
+    # One micro-batch in flight on two stages (F = 1, B = 2) and a wire too fast to
+    # count: a micro-batch takes F0 + F1 + B1 + B0 = 6, plus the CPU of its two
+    # transfers (1e9 bytes x cpu_s_per_byte each, cores to spare) and, for each of the
+    # two receives that found its rank asleep, the wake-up delay.
+    prof = chain([1.0, 1.0], [2.0, 2.0], output=[1e9, 0.0])
+    topo = HierarchicalTopology((Level(2, 1e15),), shared_cores=SharedCores(
+        8, 2, cpu_s_per_byte=cpu_s_per_byte, wake_s=wake_s))
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(expected)
+
+
 def test_a_shared_memory_allreduce_competes_for_the_cores():
     # One stage on 2 replicas sharing one core. Each round computes F + B = 3 on both
     # replicas (6 of work on one core) and then all-reduces 1 GB: 1 s on the wire; its
@@ -301,7 +315,7 @@ def test_a_shared_memory_allreduce_competes_for_the_cores():
     plan = Plan((StagePlan(0, 1, 2),), schedule="1f1b-rr", micro_batch=4)
     alone = simulate(plan, prof, HierarchicalTopology((Level(2, 1e9),)))
     shared = simulate(plan, prof, HierarchicalTopology(
-        (Level(2, 1e9),), shared_cores=SharedCores(1, 2, comm_cpu_s_per_byte=1e-9)))
+        (Level(2, 1e9),), shared_cores=SharedCores(1, 2, cpu_s_per_byte=1e-9)))
     assert alone.time_per_micro_batch_s == pytest.approx((3.0 + 1.0) / 2)
     assert shared.time_per_micro_batch_s == pytest.approx(8.0 / 2)
 

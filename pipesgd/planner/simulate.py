@@ -47,14 +47,16 @@ the peak over the run, the largest over a stage's replicas.
 
 Shared cores. Where the topology's workers share CPU cores (`SharedCores`: training on
 CPUs), every busy thread of a host progresses at min(1, cores / busy threads) (processor
-sharing): a rank's F, B, U and its gradient copy, and its comm thread's share of each
-all-reduce round (bytes moved x `comm_cpu_s_per_byte`); a round ends when its wire time
-and every replica's CPU work are done. AR itself first copies the stage's gradients into
-the engine's buffer on the rank (`copy_s`). Without shared cores each worker computes
-alone and a round takes its wire time.
+sharing): a rank's F, B, U and its gradient copy; each transfer's CPU work (bytes x
+`cpu_s_per_byte`, on the sender's host; the message is there when both the wire and the
+CPU are done); each replica's share of an all-reduce round (2(r-1)/r n bytes moved at
+`cpu_s_per_byte`, (r-1)/r n summed at `reduce_s_per_byte`; the round ends when its wire
+time and every replica's CPU work are done). A rank that slept waiting for a message or
+an all-reduce resumes `wake_s` after it is there. Without shared cores each worker
+computes alone, transfers and rounds take their wire time and waiters resume at once.
 
-Left out: the CPU cost of activation transfers, several peers sharing one rank's NIC and
-all-reduces sharing links with activations,
+Left out: several peers sharing one rank's NIC and all-reduces sharing links with
+activations,
 compression of the replicas' all-reduce, gradient and communication buffers in memory.
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
@@ -79,7 +81,7 @@ from pipesgd.pipeline.plan import Plan
 from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
 
 from .profile import ModelProfile
-from .topology import HierarchicalTopology, as_topology
+from .topology import HierarchicalTopology, SharedCores, as_topology
 
 SATURATED = 0.99  # a resource busier than this in steady state is the bottleneck
 MIN_MEASURED_CYCLES = 4
@@ -326,21 +328,34 @@ class _Network:
 
     def host(self, rank: int) -> int:
         """The host whose cores the rank computes on (its own without shared cores)."""
-        shared = self.topology.shared_cores if self.topology is not None else None
+        shared = self.shared
         return rank if shared is None else self.worker[rank] // shared.workers_per_host
 
     def cpus(self) -> dict[int, _Cpu]:
-        shared = self.topology.shared_cores if self.topology is not None else None
+        shared = self.shared
         cores = math.inf if shared is None else shared.cores
         return {h: _Cpu(cores) for h in {self.host(r) for r in range(len(self.worker))}}
 
+    @property
+    def shared(self) -> SharedCores | None:
+        return self.topology.shared_cores if self.topology is not None else None
+
     def ring_cpu_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """CPU time of one replica's comm thread in a ring all-reduce of `nbytes`."""
-        shared = self.topology.shared_cores if self.topology is not None else None
-        r = len(ranks)
+        """CPU time of one replica's comm thread in a ring all-reduce of `nbytes`: it
+        moves 2(r-1)/r n bytes and sums (r-1)/r n of them."""
+        r, shared = len(ranks), self.shared
         if r < 2 or shared is None:
             return 0.0
-        return 2 * (r - 1) / r * nbytes * shared.comm_cpu_s_per_byte
+        return (r - 1) / r * nbytes * (2 * shared.cpu_s_per_byte + shared.reduce_s_per_byte)
+
+    def transfer_cpu_s(self, nbytes: float) -> float:
+        """CPU time of sending `nbytes` to another rank."""
+        return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
+
+    @property
+    def wake_s(self) -> float:
+        """Delay before a rank that slept waiting resumes (0 without shared cores)."""
+        return 0.0 if self.shared is None else self.shared.wake_s
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency."""
@@ -508,6 +523,13 @@ def simulate(
 
     arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
     waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
+    on_wire: dict[tuple, tuple[float, float]] = {}  # -> (wire arrival, latency)
+
+    def deliver(key: tuple, at: float) -> None:
+        """The message `key` is there at `at`; a rank asleep on it resumes after wake_s."""
+        arrival[key] = at
+        if key in waiting_msg:
+            wake(at + net.wake_s, waiting_msg.pop(key))
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     ar_arrived: dict[tuple[int, int], list[float]] = defaultdict(list)
@@ -544,7 +566,7 @@ def simulate(
         ar_end[(stage, rnd)] = t
         ar_use[stage].append((begin, t))
         for other in waiting_ar.pop((stage, rnd), []):
-            wake(t, other)
+            wake(t + net.wake_s, other)
         start_round(t, stage)
 
     def run(rank: int, t: float) -> None:
@@ -574,19 +596,22 @@ def simulate(
                 if took > 0:
                     link_use[pair].append((start, start + took))
                 key = (dst, sched.message_key(a))
-                arrival[key] = start + took + latency
-                if key in waiting_msg:
-                    wake(arrival[key], waiting_msg.pop(key))
+                work = net.transfer_cpu_s(nbytes)
+                if work > 0:  # the bytes also cost the host CPU time
+                    on_wire[key] = (start + took + latency, latency)
+                    start_job(t, rank, ("transfer", key), work)
+                else:
+                    deliver(key, start + took + latency)
             elif a.kind in ("RF", "RB"):
                 key = (rank, sched.message_key(a))
                 if key not in arrival:
                     waiting_msg[key] = rank
                     return
-                at = arrival.pop(key)
-                if at > t:
-                    arrival[key] = at
-                    wake(at, rank)
+                at = arrival[key]
+                if at > t:  # asleep until it comes, then wakes
+                    wake(at + net.wake_s, rank)
                     return
+                del arrival[key]
             elif a.kind == "AR":
                 if cost.copy_s > 0 and not copied[rank]:
                     copied[rank] = True  # first into the engine's buffer, on this thread
@@ -641,6 +666,9 @@ def simulate(
                 push(finish, ("job", host, k, tok))
             if key[0] == "compute":
                 finish_compute(key[1], t)
+            elif key[0] == "transfer":
+                wire, latency = on_wire.pop(key[1])
+                deliver(key[1], max(wire, t + latency))
             else:
                 part_done(t, key[2])
     stuck = {r: pc[r] for r in range(world) if pc[r] < len(acts[r])}
