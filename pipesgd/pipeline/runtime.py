@@ -440,19 +440,47 @@ class Pipeline:
         self.stage_comm.Free()
 
 
-def overhead_s(micro_batches: int = 400) -> float:
-    """The runtime's own time per micro-batch on one stage, its layers' work apart: a
-    one-stage pipeline of a 4x4 linear layer on this process alone (MPI.COMM_SELF), one
-    sample per micro-batch, timed over `micro_batches` after a warm-up. The planner's
-    simulator adds it to every stage's forward (`ModelProfile.stage_overhead_s`)."""
-    model = from_modules([nn.Linear(4, 4)], input_shape=(4,), num_classes=4)
+
+@dataclass(frozen=True)
+class ActionTimes:
+    """Mean seconds of one stage's forward (with the loss), backward and update actions
+    per micro-batch, as `Pipeline.train_epoch` ran them."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s
+
+
+def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32) -> ActionTimes:
+    """`model` as a one-stage pipeline on this process alone (MPI.COMM_SELF), on random
+    samples: the mean F, B and U of `micro_batches` micro-batches after a warm-up. What
+    the runtime's own calls cost around the layers, and the caches as training leaves
+    them, are in these times; a per-layer profile's isolated layers miss both."""
     g = torch.Generator().manual_seed(0)
-    data = MicroBatches(torch.randn(micro_batches, 4, generator=g),
-                        torch.randint(4, (micro_batches,), generator=g), 1)
-    pipe = Pipeline(model, Plan.even(1, 1, micro_batch=1), MPI.COMM_SELF, lr=0.01,
-                    record_timeline=False)
+    n = micro_batches * micro_batch
+    data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
+                        torch.randint(model.num_classes, (n,), generator=g), micro_batch)
+    pipe = Pipeline(model, Plan.even(model.num_layers, 1, micro_batch=micro_batch),
+                    MPI.COMM_SELF, lr=1e-4)
     try:
-        pipe.train_epoch(data, 0, max_micro_batches=micro_batches // 4)
-        return pipe.train_epoch(data, 1).seconds / micro_batches
+        pipe.train_epoch(data, 0, max_micro_batches=max(2, micro_batches // 4))
+        pipe.timeline.clear()
+        pipe.train_epoch(data, 1)
+        spent = {"F": 0.0, "B": 0.0, "U": 0.0}
+        for _, kind, _, t0, t1 in pipe.timeline.events:
+            if kind in spent:
+                spent[kind] += t1 - t0
+        return ActionTimes(*(spent[k] / micro_batches for k in ("F", "B", "U")))
     finally:
         pipe.close()
+
+
+def overhead_s() -> ActionTimes:
+    """The runtime's own time per micro-batch on one stage, its layers' work apart: the
+    actions of a one-stage pipeline of a 4x4 linear layer, one sample per micro-batch."""
+    tiny = from_modules([nn.Linear(4, 4)], input_shape=(4,), num_classes=4)
+    return action_times(tiny, 1, 400)

@@ -123,14 +123,15 @@ def measure(args: argparse.Namespace) -> Any:
 
 def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> Any:
     """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
-    torch threads, with the cross-entropy loss on random labels and the pipeline
-    runtime's own time per micro-batch (`runtime.overhead_s`); the profile's `extra`
-    names the model and its shape."""
+    torch threads and the cross-entropy loss on random labels, then scale the layers'
+    times to a real run of the whole model as one stage of the pipeline runtime, less
+    the runtime's own time per micro-batch (`profile.calibrate`,
+    `runtime.action_times`); the profile's `extra` names the model and its shape."""
     import torch
 
-    from pipesgd.pipeline.runtime import overhead_s
+    from pipesgd.pipeline.runtime import action_times, overhead_s
 
-    from .profile import profile
+    from .profile import calibrate, profile
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -141,11 +142,13 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
         labels = torch.randint(spec.num_classes, (batch,), generator=g)
         prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
             out, labels))
+        whole, runtime = action_times(spec, batch), overhead_s()
     finally:
         torch.set_num_threads(previous)
-    return replace(prof, stage_overhead_s=overhead_s(),
-                   extra={"model": model, "input_shape": list(spec.input_shape),
-                          "num_classes": spec.num_classes})
+    prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
+                                "num_classes": spec.num_classes})
+    return calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
+                     (runtime.forward_s, runtime.backward_s, runtime.update_s))
 
 
 def _profile(args: argparse.Namespace) -> Any:

@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +314,28 @@ def profile(
         source=f"profiled on {sample_input.device}: median of {repeats} after {warmup} "
                f"warm-up, {torch.get_num_threads()} thread(s)",
     )
+
+
+def calibrate(profile: ModelProfile, forward_s: float, backward_s: float, update_s: float,
+              overhead: tuple[float, float, float]) -> ModelProfile:
+    """`profile` with its layers' forward, backward and update times scaled, each figure
+    by one factor, so that they sum to what a real run of the whole model measured on
+    one stage (`forward_s` with the loss, `backward_s`, `update_s` per micro-batch),
+    less the runtime's own share of each (`overhead`, forward/backward/update); the
+    overhead becomes `stage_overhead_s`. Isolated layers run with warm caches and no
+    runtime around them: a real pass costs more, an optimizer step after a backward
+    several times more. Factors go in `extra["calibration"]`."""
+    sums = [sum(profile.column(key)) for key in ("forward_s", "backward_s", "update_s")]
+    wanted = [forward_s - overhead[0] - profile.loss_s, backward_s - overhead[1],
+              update_s - overhead[2]]
+    factors = [w / s if s > 0 and w > 0 else 1.0 for w, s in zip(wanted, sums, strict=True)]
+    layers = tuple(replace(lp, forward_s=lp.forward_s * factors[0],
+                           backward_s=lp.backward_s * factors[1],
+                           update_s=lp.update_s * factors[2]) for lp in profile.layers)
+    return replace(profile, layers=layers, stage_overhead_s=sum(overhead),
+                   source=profile.source + "; scaled to a one-stage run",
+                   extra={**profile.extra, "calibration": dict(zip(
+                       ("forward", "backward", "update"), factors, strict=True))})
 
 
 def _nbytes(t: Any) -> int:
