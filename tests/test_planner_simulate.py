@@ -306,6 +306,18 @@ def test_transfers_cost_cpu_and_sleepers_wake_late(cpu_s_per_byte, wake_s, expec
     assert sim.time_per_micro_batch_s == pytest.approx(expected)
 
 
+def test_a_rank_sends_one_message_at_a_time():
+    # Stage 0 (no compute) feeds three replicas of stage 1 (F = B = 1) round robin, each
+    # activation 1 s on its own link. The replicas could take a micro-batch every 2/3 s
+    # and each link carries 2/3 s per micro-batch (activation and gradient), but stage 0
+    # sends one message at a time, whichever the peer: at most one micro-batch a second.
+    prof = chain([0.0, 1.0], [0.0, 1.0], output=[1e9, 0.0])
+    plan = Plan((StagePlan(0, 1), StagePlan(1, 2, 3)), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "4x[1GB/s]")
+    assert sim.time_per_micro_batch_s >= 1.0 - 1e-9
+    assert sim.link_busy[0] <= 2 / 3 + 1e-9
+
+
 def test_a_shared_memory_allreduce_competes_for_the_cores():
     # One stage on 2 replicas sharing one core. Each round computes F + B = 3 on both
     # replicas (6 of work on one core) and then all-reduces 1 GB: 1 s on the wire; its

@@ -11,14 +11,16 @@ this simulation repeats in passing), one action at a time:
              that takes a new stashed version of the weights their copy (`copy_s`)
     SF, SB   free (the runtime's sends are non-blocking); the message, a_l bytes of the
              layer at the stage boundary (scaled like the times), waits for the link
-             between the two ranks, occupies it bytes / bandwidth and arrives one latency
-             after that
+             between the two ranks and for the sender's previous message (one NIC per
+             rank, to whichever peer), occupies both bytes / bandwidth and arrives one
+             latency after that
     RF, RB   waits for its message (the runtime posts receives ahead, so a transfer never
              waits for its receive)
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; on shared cores each of
+             the 2(r-1) steps also waits `wake_s` for its comm thread to get a core)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -363,7 +365,8 @@ class _Network:
         if r < 2 or self.topology is None:
             return 0.0
         bandwidth, latency = self._level([self.worker[x] for x in ranks])
-        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
+        # on shared cores every ring step also waits for its comm thread to get a core
+        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * (latency + self.wake_s)
 
 
 class _Memory:
@@ -531,6 +534,7 @@ def simulate(
         if key in waiting_msg:
             wake(at + net.wake_s, waiting_msg.pop(key))
     link_free: dict[tuple[int, int], float] = defaultdict(float)
+    nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     ar_arrived: dict[tuple[int, int], list[float]] = defaultdict(list)
     ar_end: dict[tuple[int, int], float] = {}
@@ -590,9 +594,9 @@ def simulate(
                 nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
                 bandwidth, latency = net.link(rank, dst)
                 pair = (min(rank, dst), max(rank, dst))
-                start = max(t, link_free[pair])
+                start = max(t, link_free[pair], nic_free[rank])
                 took = nbytes / bandwidth
-                link_free[pair] = start + took
+                link_free[pair] = nic_free[rank] = start + took
                 if took > 0:
                     link_use[pair].append((start, start + took))
                 key = (dst, sched.message_key(a))
