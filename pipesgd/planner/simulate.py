@@ -19,8 +19,8 @@ this simulation repeats in passing), one action at a time:
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; on shared cores each of
-             the 2(r-1) steps also waits `wake_s` for its comm thread to get a core)
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; where a replica's cores are
+             all busy each of the 2(r-1) steps also waits `wake_s` for a core)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -54,8 +54,9 @@ sharing): a rank's F, B, U and its gradient copy; each transfer's CPU work (byte
 CPU are done); each replica's share of an all-reduce round (2(r-1)/r n bytes moved at
 `cpu_s_per_byte`, (r-1)/r n summed at `reduce_s_per_byte`; the round ends when its wire
 time and every replica's CPU work are done). A rank that slept waiting for a message or
-an all-reduce resumes `wake_s` after it is there. Without shared cores each worker
-computes alone, transfers and rounds take their wire time and waiters resume at once.
+an all-reduce resumes `wake_s` after it is there if its host's cores are all busy.
+Without shared cores each worker computes alone, transfers and rounds take their wire
+time and waiters resume at once.
 
 Left out: several peers sharing one rank's NIC and all-reduces sharing links with
 activations,
@@ -269,6 +270,11 @@ class _Cpu:
     def rate(self) -> float:
         return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
 
+    @property
+    def saturated(self) -> bool:
+        """Every core busy: a thread that wakes up waits for one."""
+        return len(self.jobs) >= self.cores
+
     def advance(self, t: float) -> None:
         rate = self.rate()
         for job in self.jobs.values():
@@ -365,8 +371,7 @@ class _Network:
         if r < 2 or self.topology is None:
             return 0.0
         bandwidth, latency = self._level([self.worker[x] for x in ranks])
-        # on shared cores every ring step also waits for its comm thread to get a core
-        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * (latency + self.wake_s)
+        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
 
 
 class _Memory:
@@ -517,6 +522,10 @@ def simulate(
 
     cpus = net.cpus()
 
+    def wake_delay(rank: int) -> float:
+        """How long a thread of `rank` that wakes now waits for a core."""
+        return net.wake_s if cpus[net.host(rank)].saturated else 0.0
+
     def start_job(t: float, rank: int, key: tuple, work: float) -> None:
         cpu = cpus[net.host(rank)]
         cpu.advance(t)
@@ -532,7 +541,8 @@ def simulate(
         """The message `key` is there at `at`; a rank asleep on it resumes after wake_s."""
         arrival[key] = at
         if key in waiting_msg:
-            wake(at + net.wake_s, waiting_msg.pop(key))
+            rank = waiting_msg.pop(key)
+            wake(at + wake_delay(rank), rank)
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
@@ -554,7 +564,10 @@ def simulate(
             return
         rnd = ar_queue[stage].pop(0)
         ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
-        push(t + ring_s[stage], ("wire", stage, rnd))
+        # each of the ring's 2(r-1) steps waits for a comm thread to get a core
+        steps = 2 * (len(ranks_of[stage]) - 1)
+        push(t + ring_s[stage] + steps * max(wake_delay(r) for r in ranks_of[stage]),
+             ("wire", stage, rnd))
         for r in ranks_of[stage]:
             start_job(t, r, ("comm", r, stage, rnd), ring_cpu_s[stage])
 
@@ -570,7 +583,7 @@ def simulate(
         ar_end[(stage, rnd)] = t
         ar_use[stage].append((begin, t))
         for other in waiting_ar.pop((stage, rnd), []):
-            wake(t + net.wake_s, other)
+            wake(t + wake_delay(other), other)
         start_round(t, stage)
 
     def run(rank: int, t: float) -> None:
@@ -613,7 +626,7 @@ def simulate(
                     return
                 at = arrival[key]
                 if at > t:  # asleep until it comes, then wakes
-                    wake(at + net.wake_s, rank)
+                    wake(at + wake_delay(rank), rank)
                     return
                 del arrival[key]
             elif a.kind == "AR":
