@@ -9,13 +9,14 @@ this simulation repeats in passing), one action at a time:
              forward adds the loss (`loss_s`, scaled alike), every forward the
              runtime's own time per micro-batch (`stage_overhead_s`), and a forward
              that takes a new stashed version of the weights their copy (`copy_s`)
-    SF, SB   free (the runtime's sends are non-blocking); the message, a_l bytes of the
-             layer at the stage boundary (scaled like the times), waits for the link
-             between the two ranks and for the sender's previous message (one NIC per
-             rank, to whichever peer), occupies both bytes / bandwidth and arrives one
-             latency after that
-    RF, RB   waits for its message (the runtime posts receives ahead, so a transfer never
-             waits for its receive)
+    SF, SB   free (the runtime's sends are non-blocking); the message's header arrives
+             one latency later
+    RF, RB   waits for the payload, a_l bytes of the layer at the stage boundary
+             (scaled like the times): the runtime posts a payload's receive when it reads
+             the header, at this action, so the payload moves only once the receiver is
+             here and the header in. It waits for the link between the two ranks and for
+             the sender's previous message (one NIC per rank, to whichever peer),
+             occupies both bytes / bandwidth and arrives one latency after that
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
@@ -535,14 +536,35 @@ def simulate(
 
     arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
     waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
+    posted: dict[tuple, tuple[int, float, float]] = {}  # -> (src, bytes, header arrival)
+    ready_at: dict[tuple, float] = {}  # -> when its receiver reached it, before the send
     on_wire: dict[tuple, tuple[float, float]] = {}  # -> (wire arrival, latency)
 
+    def begin_transfer(key: tuple, start: float) -> None:
+        """The payload of `key` moves from `start` (sender and receiver both there): over
+        the link and the sender's NIC, and where cores are shared on the host's CPU."""
+        src, nbytes, _ = posted.pop(key)
+        dst = key[0]
+        bandwidth, latency = net.link(src, dst)
+        pair = (min(src, dst), max(src, dst))
+        start = max(start, link_free[pair], nic_free[src])
+        took = nbytes / bandwidth
+        link_free[pair] = nic_free[src] = start + took
+        if took > 0:
+            link_use[pair].append((start, start + took))
+        work = net.transfer_cpu_s(nbytes)
+        if work > 0:
+            on_wire[key] = (start + took + latency, latency)
+            start_job(start, dst, ("transfer", key), work)
+        else:
+            deliver(key, start + took + latency)
+
     def deliver(key: tuple, at: float) -> None:
-        """The message `key` is there at `at`; a rank asleep on it resumes after wake_s."""
+        """The payload of `key` is in at `at`; its receiver, asleep on it, resumes."""
+        rank = waiting_msg.pop(key)
         arrival[key] = at
-        if key in waiting_msg:
-            rank = waiting_msg.pop(key)
-            wake(at + wake_delay(rank), rank)
+        wake(at + wake_delay(rank), rank)
+
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
@@ -604,31 +626,23 @@ def simulate(
                 return
             if a.kind in ("SF", "SB"):
                 dst = sched.peer(plan, a)
-                nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
-                bandwidth, latency = net.link(rank, dst)
-                pair = (min(rank, dst), max(rank, dst))
-                start = max(t, link_free[pair], nic_free[rank])
-                took = nbytes / bandwidth
-                link_free[pair] = nic_free[rank] = start + took
-                if took > 0:
-                    link_use[pair].append((start, start + took))
                 key = (dst, sched.message_key(a))
-                work = net.transfer_cpu_s(nbytes)
-                if work > 0:  # the bytes also cost the host CPU time
-                    on_wire[key] = (start + took + latency, latency)
-                    start_job(t, rank, ("transfer", key), work)
-                else:
-                    deliver(key, start + took + latency)
+                nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
+                header_at = t + net.link(rank, dst)[1]
+                posted[key] = (rank, nbytes, header_at)
+                if key in waiting_msg:  # the receiver is there already
+                    begin_transfer(key, max(header_at, ready_at.pop(key)))
             elif a.kind in ("RF", "RB"):
                 key = (rank, sched.message_key(a))
-                if key not in arrival:
+                if key in arrival:
+                    del arrival[key]
+                else:  # asleep until the payload is in
                     waiting_msg[key] = rank
+                    if key in posted:
+                        begin_transfer(key, max(t, posted[key][2]))
+                    else:
+                        ready_at[key] = t
                     return
-                at = arrival[key]
-                if at > t:  # asleep until it comes, then wakes
-                    wake(at + wake_delay(rank), rank)
-                    return
-                del arrival[key]
             elif a.kind == "AR":
                 if cost.copy_s > 0 and not copied[rank]:
                     copied[rank] = True  # first into the engine's buffer, on this thread
