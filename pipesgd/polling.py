@@ -61,6 +61,20 @@ def wait_politely(requests: MPI.Request | Sequence[MPI.Request],
             time.sleep(poll)
 
 
+def notice_delay_s(polling: Polling | None = None, samples: int = 40) -> float:
+    """Mean time from a request completing to a waiter in its sleeping phase noticing:
+    half of one sleep-and-test step, timed here (a sleep lasts longer than asked, by the
+    timer's slack)."""
+    polling = Polling.from_env() if polling is None else polling
+    steps = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        time.sleep(polling.poll_s)
+        steps.append(time.perf_counter() - start)
+    steps.sort()
+    return steps[len(steps) // 2] / 2
+
+
 def idle_barrier(comm: MPI.Comm, poll_s: float = 1e-3) -> None:
     """A barrier that sleeps while it waits, leaving the cores to the ranks that work."""
     wait_politely(comm.Ibarrier(), Polling(spin_s=0.0, poll_s=poll_s))

@@ -308,6 +308,14 @@ def test_transfers_cost_cpu(cpu_s_per_byte, expected):
     assert sim.time_per_micro_batch_s == pytest.approx(expected)
 
 
+def test_a_rank_asleep_on_a_message_notices_it_late():
+    # One micro-batch in flight on two stages (F = 1, B = 2): both receives find their
+    # rank asleep, each noticed 0.25 s after it is in: 6 + 2 x 0.25 per micro-batch.
+    prof = dataclasses.replace(chain([1.0, 1.0], [2.0, 2.0]), receive_delay_s=0.25)
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, "2x[1GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx(6.5)
+
+
 def test_a_late_wake_up_costs_nothing_while_others_keep_the_cores_busy():
     # Four stages on one host. With four cores the cores are never all busy, so wake_s
     # never applies; with one core it applies, but the core is never idle meanwhile

@@ -126,10 +126,12 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
     torch threads and the cross-entropy loss on random labels, then scale the layers'
     times to a real run of the whole model as one stage of the pipeline runtime, less
     the runtime's own time per micro-batch (`profile.calibrate`,
-    `runtime.action_times`); the profile's `extra` names the model and its shape."""
+    `runtime.action_times`), with the delay of a receive that slept
+    (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
     import torch
 
     from pipesgd.pipeline.runtime import action_times, overhead_s
+    from pipesgd.polling import notice_delay_s
 
     from .profile import calibrate, profile
 
@@ -147,8 +149,9 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
         torch.set_num_threads(previous)
     prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
                                 "num_classes": spec.num_classes})
-    return calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
+    prof = calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
                      (runtime.forward_s, runtime.backward_s, runtime.update_s))
+    return replace(prof, receive_delay_s=notice_delay_s())
 
 
 def _profile(args: argparse.Namespace) -> Any:

@@ -79,6 +79,8 @@ class ModelProfile:
         stage_overhead_s: the pipeline runtime's own time per micro-batch on a stage, its
             layers' work apart (dispatching the forward, backward and step; measured by
             `pipesgd.pipeline.runtime.overhead_s`).
+        receive_delay_s: how long after a message is in a rank that slept waiting for it
+            resumes (`pipesgd.polling.notice_delay_s`).
     """
 
     layers: tuple[LayerProfile, ...]
@@ -86,6 +88,7 @@ class ModelProfile:
     source: str = ""
     loss_s: float = 0.0
     stage_overhead_s: float = 0.0
+    receive_delay_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -97,7 +100,7 @@ class ModelProfile:
                 raise TypeError(f"layer {i} is a {type(layer).__name__}, not a LayerProfile")
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
-        for key in ("loss_s", "stage_overhead_s"):
+        for key in ("loss_s", "stage_overhead_s", "receive_delay_s"):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -163,6 +166,7 @@ class ModelProfile:
             "source": self.source,
             "loss_s": self.loss_s,
             "stage_overhead_s": self.stage_overhead_s,
+            "receive_delay_s": self.receive_delay_s,
             **self.extra,
         }
 
@@ -173,7 +177,8 @@ class ModelProfile:
                 "a model profile is {'layers': [{'forward_s': ..., 'backward_s': ..., "
                 "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
             )
-        known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s"}
+        known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s",
+                 "receive_delay_s"}
         try:
             layers = tuple(LayerProfile(**layer) for layer in data["layers"])
         except TypeError as err:
@@ -184,6 +189,7 @@ class ModelProfile:
             source=str(data.get("source", "")),
             loss_s=float(data.get("loss_s", 0.0)),
             stage_overhead_s=float(data.get("stage_overhead_s", 0.0)),
+            receive_delay_s=float(data.get("receive_delay_s", 0.0)),
             extra={k: v for k, v in data.items() if k not in known},
         )
 

@@ -16,7 +16,8 @@ this simulation repeats in passing), one action at a time:
              the header, at this action, so the payload moves only once the receiver is
              here and the header in. It waits for the link between the two ranks and for
              the sender's previous message (one NIC per rank, to whichever peer),
-             occupies both bytes / bandwidth and arrives one latency after that
+             occupies both bytes / bandwidth and arrives one latency after that; the
+             receiver, asleep meanwhile, resumes `receive_delay_s` later (the profile's)
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
@@ -560,10 +561,11 @@ def simulate(
             deliver(key, start + took + latency)
 
     def deliver(key: tuple, at: float) -> None:
-        """The payload of `key` is in at `at`; its receiver, asleep on it, resumes."""
+        """The payload of `key` is in at `at`; its receiver, asleep on it, notices (the
+        profile's receive_delay_s) and resumes."""
         rank = waiting_msg.pop(key)
         arrival[key] = at
-        wake(at + wake_delay(rank), rank)
+        wake(at + profile.receive_delay_s + wake_delay(rank), rank)
 
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
