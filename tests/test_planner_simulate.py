@@ -299,11 +299,10 @@ def test_shared_cores_per_host_only_slow_the_workers_of_that_host():
 def test_transfers_cost_cpu(cpu_s_per_byte, expected):
     # One micro-batch in flight on two stages (F = 1, B = 2) and a wire too fast to
     # count: a micro-batch takes F0 + F1 + B1 + B0 = 6, plus the CPU of its two
-    # transfers (1e9 bytes x cpu_s_per_byte each). The cores are never all busy, so the
-    # ranks asleep on those messages wake at once (wake_s does not apply).
+    # transfers (1e9 bytes x cpu_s_per_byte each).
     prof = chain([1.0, 1.0], [2.0, 2.0], output=[1e9, 0.0])
     topo = HierarchicalTopology((Level(2, 1e15),), shared_cores=SharedCores(
-        8, 2, cpu_s_per_byte=cpu_s_per_byte, wake_s=0.5))
+        8, 2, cpu_s_per_byte=cpu_s_per_byte))
     sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, topo)
     assert sim.time_per_micro_batch_s == pytest.approx(expected)
 
@@ -314,22 +313,6 @@ def test_a_rank_asleep_on_a_message_notices_it_late():
     prof = dataclasses.replace(chain([1.0, 1.0], [2.0, 2.0]), receive_delay_s=0.25)
     sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, "2x[1GB/s]")
     assert sim.time_per_micro_batch_s == pytest.approx(6.5)
-
-
-def test_a_late_wake_up_costs_nothing_while_others_keep_the_cores_busy():
-    # Four stages on one host. With four cores the cores are never all busy, so wake_s
-    # never applies; with one core it applies, but the core is never idle meanwhile
-    # (another stage computes), so the host still does its 12 s of work per micro-batch.
-    prof = chain([1.0] * 4, [2.0] * 4)
-    plan = Plan.even(4, 4, micro_batch=4)
-
-    def per_micro_batch(cores: int, wake_s: float) -> float:
-        topo = HierarchicalTopology((Level(4, 1e15),), shared_cores=SharedCores(
-            cores, 4, wake_s=wake_s))
-        return simulate(plan, prof, topo).time_per_micro_batch_s
-
-    assert per_micro_batch(4, 0.5) == pytest.approx(per_micro_batch(4, 0.0)) == 3.0
-    assert per_micro_batch(1, 0.5) == pytest.approx(per_micro_batch(1, 0.0)) == 12.0
 
 
 def test_a_rank_sends_one_message_at_a_time():

@@ -21,8 +21,7 @@ this simulation repeats in passing), one action at a time:
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; where a replica's cores are
-             all busy each of the 2(r-1) steps also waits `wake_s` for a core)
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -55,10 +54,8 @@ sharing): a rank's F, B, U and its gradient copy; each transfer's CPU work (byte
 `cpu_s_per_byte`, on the sender's host; the message is there when both the wire and the
 CPU are done); each replica's share of an all-reduce round (2(r-1)/r n bytes moved at
 `cpu_s_per_byte`, (r-1)/r n summed at `reduce_s_per_byte`; the round ends when its wire
-time and every replica's CPU work are done). A rank that slept waiting for a message or
-an all-reduce resumes `wake_s` after it is there if its host's cores are all busy.
-Without shared cores each worker computes alone, transfers and rounds take their wire
-time and waiters resume at once.
+time and every replica's CPU work are done). Without shared cores each worker computes
+alone, and transfers and rounds take their wire time.
 
 Left out: several peers sharing one rank's NIC and all-reduces sharing links with
 activations,
@@ -272,10 +269,6 @@ class _Cpu:
     def rate(self) -> float:
         return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
 
-    @property
-    def saturated(self) -> bool:
-        """Every core busy: a thread that wakes up waits for one."""
-        return len(self.jobs) >= self.cores
 
     def advance(self, t: float) -> None:
         rate = self.rate()
@@ -361,11 +354,6 @@ class _Network:
     def transfer_cpu_s(self, nbytes: float) -> float:
         """CPU time of sending `nbytes` to another rank."""
         return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
-
-    @property
-    def wake_s(self) -> float:
-        """Delay before a rank that slept waiting resumes (0 without shared cores)."""
-        return 0.0 if self.shared is None else self.shared.wake_s
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency."""
@@ -524,10 +512,6 @@ def simulate(
 
     cpus = net.cpus()
 
-    def wake_delay(rank: int) -> float:
-        """How long a thread of `rank` that wakes now waits for a core."""
-        return net.wake_s if cpus[net.host(rank)].saturated else 0.0
-
     def start_job(t: float, rank: int, key: tuple, work: float) -> None:
         cpu = cpus[net.host(rank)]
         cpu.advance(t)
@@ -565,7 +549,7 @@ def simulate(
         profile's receive_delay_s) and resumes."""
         rank = waiting_msg.pop(key)
         arrival[key] = at
-        wake(at + profile.receive_delay_s + wake_delay(rank), rank)
+        wake(at + profile.receive_delay_s, rank)
 
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
@@ -588,10 +572,7 @@ def simulate(
             return
         rnd = ar_queue[stage].pop(0)
         ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
-        # each of the ring's 2(r-1) steps waits for a comm thread to get a core
-        steps = 2 * (len(ranks_of[stage]) - 1)
-        push(t + ring_s[stage] + steps * max(wake_delay(r) for r in ranks_of[stage]),
-             ("wire", stage, rnd))
+        push(t + ring_s[stage], ("wire", stage, rnd))
         for r in ranks_of[stage]:
             start_job(t, r, ("comm", r, stage, rnd), ring_cpu_s[stage])
 
@@ -607,7 +588,7 @@ def simulate(
         ar_end[(stage, rnd)] = t
         ar_use[stage].append((begin, t))
         for other in waiting_ar.pop((stage, rnd), []):
-            wake(t + wake_delay(other), other)
+            wake(t, other)
         start_round(t, stage)
 
     def run(rank: int, t: float) -> None:

@@ -91,22 +91,19 @@ class SharedCores:
         cpu_s_per_byte: CPU seconds communication burns per byte moved
             (`NetworkParams.beta_cpu_s_per_byte`; on shared memory the copy itself).
         reduce_s_per_byte: CPU seconds per byte an all-reduce sums (γ).
-        wake_s: how much later a worker that slept waiting for a message resumes while
-            the cores are busy (`NetworkParams.load_latency_s`).
     """
 
     cores: int
     workers_per_host: int
     cpu_s_per_byte: float = 0.0
     reduce_s_per_byte: float = 0.0
-    wake_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("cores", "workers_per_host"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        for key in ("cpu_s_per_byte", "reduce_s_per_byte", "wake_s"):
+        for key in ("cpu_s_per_byte", "reduce_s_per_byte"):
             value = getattr(self, key)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -242,13 +239,12 @@ class HierarchicalTopology:
 
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
     """One level of `workers` at a measured network's β and α (`NetworkParams`), with
-    the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
-    cost (β_cpu, γ) and the wake-up delay of a loaded host (its load latency)."""
+    the cores they share where it says (`cores`, `ranks_per_host`) and communication's
+    CPU cost (β_cpu, γ)."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
-                             net.beta_cpu_s_per_byte, net.gamma_s_per_byte,
-                             net.load_latency_s)
+                             net.beta_cpu_s_per_byte, net.gamma_s_per_byte)
     return HierarchicalTopology((Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s),),
                                 shared_cores=shared)
 
