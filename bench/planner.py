@@ -138,6 +138,7 @@ def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches
 def run_data_parallel(comm: Any, spec: Any, config: dict, x: Any, y: Any, batch: int,
                       steps: int) -> float:
     import torch
+    from mpi4py import MPI
 
     import pipesgd
 
@@ -160,15 +161,8 @@ def run_data_parallel(comm: Any, spec: Any, config: dict, x: Any, y: Any, batch:
     for i in range(steps):
         step(3 + i)
     opt.synchronize()
-    seconds = comm.allreduce(time.perf_counter() - begin, op=max_op())
-    opt.close() if hasattr(opt, "close") else None
+    seconds = comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
     return steps * batch * size / seconds
-
-
-def max_op() -> Any:
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -271,6 +265,35 @@ def evaluate(results: dict[str, dict]) -> tuple[list[dict], list[str], bool]:
     return rows, verdicts, ok
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Measured against predicted samples/s, one panel per model, the picks circled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model]
+        for scenario in dict.fromkeys(r["scenario"] for r in mine):
+            pts = [r for r in mine if r["scenario"] == scenario]
+            ax.scatter([r["predicted/s"] for r in pts], [r["measured/s"] for r in pts],
+                       s=14, label=scenario)
+            picks = [r for r in pts if r["pick"]]
+            ax.scatter([r["predicted/s"] for r in picks], [r["measured/s"] for r in picks],
+                       s=80, facecolors="none", edgecolors="black")
+        hi = max(max(r["predicted/s"], r["measured/s"]) for r in mine) * 1.05
+        for k, style in ((1.0, "-"), (1 + MEDIAN_ERROR, ":"), (1 / (1 + MEDIAN_ERROR), ":")):
+            ax.plot([0, hi], [0, hi / k], "k" + style, lw=0.8)
+        ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="predicted samples/s",
+               ylabel="measured samples/s", title=f"{model} (circles: the chooser's pick)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
@@ -295,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(verdicts))
     suffix = f"_{args.tag}" if args.tag else ""
     path = write_json(f"planner{suffix}.json", {"scenarios": results, "verdicts": verdicts})
-    print(f"wrote {path}")
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0 if ok else 1
 
 
