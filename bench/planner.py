@@ -75,7 +75,7 @@ def enumerate_plans(num_layers: int, workers: int, micro_batch: int) -> list[Any
 
 
 def describe(plan: Any) -> str:
-    return " | ".join(f"{s.start}-{s.end}" + (f" x{s.replicas}" if s.replicas > 1 else "")
+    return ", ".join(f"{s.start}-{s.end}" + (f" x{s.replicas}" if s.replicas > 1 else "")
                       for s in plan.stages)
 
 

@@ -51,15 +51,14 @@ the peak over the run, the largest over a stage's replicas.
 Shared cores. Where the topology's workers share CPU cores (`SharedCores`: training on
 CPUs), every busy thread of a host progresses at min(1, cores / busy threads) (processor
 sharing): a rank's F, B, U and its gradient copy; each transfer's CPU work (bytes x
-`cpu_s_per_byte`, on the sender's host; the message is there when both the wire and the
-CPU are done); each replica's share of an all-reduce round (2(r-1)/r n bytes moved at
+`cpu_s_per_byte`, on the receiver's host, which pulls the payload; it is in when both the
+wire and the CPU are done); each replica's share of an all-reduce round (2(r-1)/r n bytes moved at
 `cpu_s_per_byte`, (r-1)/r n summed at `reduce_s_per_byte`; the round ends when its wire
 time and every replica's CPU work are done). Without shared cores each worker computes
 alone, and transfers and rounds take their wire time.
 
-Left out: several peers sharing one rank's NIC and all-reduces sharing links with
-activations,
-compression of the replicas' all-reduce, gradient and communication buffers in memory.
+Left out: all-reduces sharing links with activations, compression of the replicas'
+all-reduce, gradient and communication buffers in memory.
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 
@@ -269,7 +268,6 @@ class _Cpu:
     def rate(self) -> float:
         return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
 
-
     def advance(self, t: float) -> None:
         rate = self.rate()
         for job in self.jobs.values():
@@ -352,7 +350,7 @@ class _Network:
         return (r - 1) / r * nbytes * (2 * shared.cpu_s_per_byte + shared.reduce_s_per_byte)
 
     def transfer_cpu_s(self, nbytes: float) -> float:
-        """CPU time of sending `nbytes` to another rank."""
+        """CPU time of moving `nbytes` from one rank to another."""
         return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
