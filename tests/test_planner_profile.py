@@ -144,3 +144,17 @@ def test_a_layer_model_profile_carries_the_runtime_s_costs():
     assert all(f > 0 for f in prof.extra["calibration"].values())
     # a sleep of 2 ms between tests: noticed 1 ms late on average, never sooner
     assert 1e-3 <= notice_delay_s(Polling(spin_s=0.0, poll_s=2e-3), samples=5) < 5e-3
+
+
+def test_a_model_that_cannot_run_in_one_process_keeps_its_layer_times(monkeypatch):
+    from pipesgd.pipeline import models, runtime
+    from pipesgd.planner.cli import profile_layer_model
+
+    def too_big(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    monkeypatch.setattr(runtime, "action_times", too_big)
+    prof = profile_layer_model(models.mlp((8, 16, 4)), "mlp", 4)
+    assert "calibration" not in prof.extra
+    assert "did not run: CUDA out of memory. Tried to allocate 2.00 GiB)" in prof.source
+    assert prof.stage_overhead_s > 0 and prof.loss_s > 0

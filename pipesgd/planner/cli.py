@@ -126,7 +126,8 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
     torch threads and the cross-entropy loss on random labels, then scale the layers'
     times to a real run of the whole model as one stage of the pipeline runtime, less
     the runtime's own time per micro-batch (`profile.calibrate`,
-    `runtime.action_times`), with the delay of a receive that slept
+    `runtime.action_times`; unscaled, saying why, where the whole model cannot run in
+    one process), with the delay of a receive that slept
     (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
     import torch
 
@@ -144,13 +145,21 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
         labels = torch.randint(spec.num_classes, (batch,), generator=g)
         prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
             out, labels))
-        whole, runtime = action_times(spec, batch), overhead_s()
+        runtime = overhead_s()
+        try:
+            whole = action_times(spec, batch)
+        except RuntimeError as err:  # out of memory: the model does not fit one worker
+            whole, unscaled = None, str(err).splitlines()[0]
     finally:
         torch.set_num_threads(previous)
     prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
                                 "num_classes": spec.num_classes})
-    prof = calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
-                     (runtime.forward_s, runtime.backward_s, runtime.update_s))
+    if whole is None:
+        prof = replace(prof, stage_overhead_s=runtime.total_s, source=prof.source
+                       + f"; not scaled to a run (the whole model did not run: {unscaled})")
+    else:
+        prof = calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
+                         (runtime.forward_s, runtime.backward_s, runtime.update_s))
     return replace(prof, receive_delay_s=notice_delay_s())
 
 
