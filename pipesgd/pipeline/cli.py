@@ -292,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
                 "peak_rss_mb": last["peak_rss_mb"],
                 "peak_stash_mb": last["peak_stash_mb"],
                 "peak_activation_mb": last["peak_activation_mb"],
+                "peak_saved_mb": last["peak_saved_mb"],
                 "weight_mb": last["weight_mb"],
                 "optimizer_state_mb": last["optimizer_state_mb"],
                 "peak_versions": last["peak_versions"],

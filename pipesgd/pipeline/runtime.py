@@ -52,6 +52,8 @@ class EpochStats:
     peak_versions: list[int] = field(default_factory=list)
     peak_stash_mb: list[float] = field(default_factory=list)
     peak_activation_mb: list[float] = field(default_factory=list)
+    # what autograd saved for the backwards of the micro-batches in flight, at its peak
+    peak_saved_mb: list[float] = field(default_factory=list)
     peak_rss_mb: list[float] = field(default_factory=list)
     # the live parameters and the optimizer's state (momentum, ...), beside the extra
     # weight copies of peak_stash_mb
@@ -311,6 +313,7 @@ class Pipeline:
             "versions": self.stage.policy.peak_versions,
             "stash": self.stage.policy.peak_bytes / 2**20,
             "act": self.stage.peak_activation_bytes / 2**20,
+            "saved": self.stage.peak_saved_bytes / 2**20,
             "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "weights": tensors_bytes(self.stage.params) / 2**20,
             "optimizer": (0 if self.stage.optimizer is None else tensors_bytes(
@@ -340,6 +343,7 @@ class Pipeline:
             peak_versions=[r["versions"] for r in every],
             peak_stash_mb=[r["stash"] for r in every],
             peak_activation_mb=[r["act"] for r in every],
+            peak_saved_mb=[r["saved"] for r in every],
             peak_rss_mb=[r["rss"] for r in every],
             weight_mb=[r["weights"] for r in every],
             optimizer_state_mb=[r["optimizer"] for r in every],

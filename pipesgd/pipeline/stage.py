@@ -29,6 +29,7 @@ class _InFlight:
     weights: list[Tensor]
     version: int
     recompute: bool = False  # only the input is kept; the backward recomputes `out`
+    saved_bytes: int = 0  # what autograd keeps for the backward, weights excluded
 
 
 class Stage:
@@ -73,7 +74,8 @@ class Stage:
         self.grad_count = 0
         self._grad_views = self._views(self.grad_sum)
         self._in_flight: dict[int, _InFlight] = {}
-        self.peak_activation_bytes = 0
+        self.peak_activation_bytes = 0  # outputs (or kept inputs) of in-flight micro-batches
+        self.peak_saved_bytes = 0  # what autograd keeps for their backwards, weights excluded
         self.steps = 0  # optimizer steps of the live parameters, resumes included
         self._storages = {p.untyped_storage().data_ptr(): i for i, p in enumerate(self.params)}
         self._backward_weights: list[Tensor] = self.params
@@ -122,12 +124,18 @@ class Stage:
             return out, v
         if x.is_floating_point() and self.stage > 0:
             x = x.detach().requires_grad_(True)
-        if self.policy.backward_on_current_weights:
-            with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-                out = self._call(weights, x)
-        else:
+        skip = {w.untyped_storage().data_ptr() for w in (*weights, *self.module.buffers())}
+        saved: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor | tuple:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in skip:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return self._pack(t) if self.policy.backward_on_current_weights else t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
             out = self._call(weights, x)
-        self._in_flight[mb] = _InFlight(x, out, weights, v)
+        self._in_flight[mb] = _InFlight(x, out, weights, v, saved_bytes=sum(saved.values()))
         self._note_activations()
         return out, v
 
@@ -152,11 +160,13 @@ class Stage:
         return functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
 
     def _note_activations(self) -> None:
-        held = 0
+        held = saved = 0
         for f in self._in_flight.values():
             kept = f.x if f.recompute else f.out
             held += kept.numel() * kept.element_size()
+            saved += f.saved_bytes
         self.peak_activation_bytes = max(self.peak_activation_bytes, held)
+        self.peak_saved_bytes = max(self.peak_saved_bytes, saved)
 
     def _recompute(self, f: _InFlight) -> None:
         """The forward again, keeping its graph: on the policy's backward weights (async)
