@@ -93,12 +93,13 @@ def pipeline_throughput(model: models.LayerModel, bounds: list[int], micro: int,
     return stats.throughput_samples_per_s
 
 
-def data_parallel_throughput(model: models.LayerModel, batch: int, steps: int, staleness: int,
-                             compression: str, x: torch.Tensor, y: torch.Tensor) -> float:
+def data_parallel_throughput(model: models.LayerModel, batch: int, steps: int,
+                             x: torch.Tensor, y: torch.Tensor, **config) -> float:
+    """Samples/s of `pipesgd.DistributedOptimizer(..., **config)` (staleness,
+    compression, overlap) on every rank, `batch` samples per rank and step."""
     net = model.build(seed=0)
     opt = pipesgd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
-                                       net.named_parameters(), staleness=staleness,
-                                       compression=compression)
+                                       net.named_parameters(), **config)
 
     def step(i: int) -> None:
         lo = ((i * SIZE + RANK) * batch) % (len(x) - batch)
@@ -169,8 +170,8 @@ def main() -> int:
         steps = max(4, args.samples // (args.batch_size * SIZE))
         for label, k, compression in (("DP D-Sync", 1, "none"), ("DP Pipe-SGD", 2, "none"),
                                       ("DP Pipe-SGD+Q", 2, "quant8")):
-            results[label] = data_parallel_throughput(model, args.batch_size, steps, k,
-                                                      compression, x, y)
+            results[label] = data_parallel_throughput(model, args.batch_size, steps, x, y,
+                                                      staleness=k, compression=compression)
         for label, throughput in results.items():
             rows.append({**common, "configuration": label, "samples/s": throughput})
         if RANK == 0:

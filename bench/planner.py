@@ -33,7 +33,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -135,39 +134,10 @@ def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches
     return steady_rate([t for mine in comm.allgather(ends) for t in mine], plan.micro_batch)
 
 
-def run_data_parallel(comm: Any, spec: Any, config: dict, x: Any, y: Any, batch: int,
-                      steps: int) -> float:
-    import torch
-    from mpi4py import MPI
-
-    import pipesgd
-
-    net = spec.build(seed=0)
-    opt = pipesgd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
-                                       net.named_parameters(), **config)
-    rank, size = comm.Get_rank(), comm.Get_size()
-
-    def step(i: int) -> None:
-        lo = ((i * size + rank) * batch) % (len(x) - batch)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x[lo:lo + batch]), y[lo:lo + batch]).backward()
-        opt.step()
-
-    for i in range(3):
-        step(i)
-    opt.synchronize()
-    comm.Barrier()
-    begin = time.perf_counter()
-    for i in range(steps):
-        step(3 + i)
-    opt.synchronize()
-    seconds = comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
-    return steps * batch * size / seconds
-
-
 def worker(args: argparse.Namespace) -> int:
     import torch
     from mpi4py import MPI
+    from pipeline_vs_dp import data_parallel_throughput
 
     import pipesgd
     from pipesgd.pipeline import MicroBatches, models
@@ -201,8 +171,8 @@ def worker(args: argparse.Namespace) -> int:
                 if "plan" in k:
                     rate = run_pipeline(comm, spec, k["plan"], data, args.micro_batches)
                 else:
-                    rate = run_data_parallel(comm, spec, k["data_parallel"], x, y, mb,
-                                             args.micro_batches // size)
+                    rate = data_parallel_throughput(spec, mb, args.micro_batches // size,
+                                                    x, y, **k["data_parallel"])
                 measured[k["label"]].append(rate)
                 if rank == 0:
                     print(f"{name} {k['label']}: predicted {k['predicted']:.0f}, "
