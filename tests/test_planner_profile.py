@@ -70,7 +70,7 @@ def test_calibration_scales_each_figure_to_the_measured_run():
         dataclasses.replace(lp, update_s=0.25) for lp in prof.layers))
     # measured whole-model actions: F 9.5 (loss 0.5 and overhead 1 of it), B 3 (overhead
     # 1), U 2 (overhead 0.5)
-    out = calibrate(prof, 9.5, 3.0, 2.0, (1.0, 1.0, 0.5))
+    out = calibrate(prof, (9.5, 3.0, 2.0), (1.0, 1.0, 0.5))
     assert out.column("forward_s") == pytest.approx([2.0, 6.0])  # x2: 8 of 4
     assert out.column("backward_s") == pytest.approx([1.0, 1.0])  # x0.5: 2 of 4
     assert out.column("update_s") == pytest.approx([0.75, 0.75])  # x3: 1.5 of 0.5
@@ -79,7 +79,7 @@ def test_calibration_scales_each_figure_to_the_measured_run():
         {"forward": 2.0, "backward": 0.5, "update": 3.0})
     # nothing to scale (no update time profiled) keeps the figure as it is
     bare = ModelProfile.from_columns([1.0], [1.0], [0], [0])
-    assert calibrate(bare, 3.0, 1.0, 1.0, (0.0, 0.0, 0.0)).column("update_s") == [0.0]
+    assert calibrate(bare, (3.0, 1.0, 1.0), (0.0, 0.0, 0.0)).column("update_s") == [0.0]
 
 
 def test_a_list_of_modules_works_like_a_sequential():

@@ -444,7 +444,6 @@ class Pipeline:
         self.stage_comm.Free()
 
 
-
 @dataclass(frozen=True)
 class ActionTimes:
     """Mean seconds of one stage's forward (with the loss), backward and update actions
@@ -483,7 +482,7 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32) -
         pipe.close()
 
 
-def overhead_s() -> ActionTimes:
+def runtime_overhead() -> ActionTimes:
     """The runtime's own time per micro-batch on one stage, its layers' work apart: the
     actions of a one-stage pipeline of a 4x4 linear layer, one sample per micro-batch."""
     tiny = from_modules([nn.Linear(4, 4)], input_shape=(4,), num_classes=4)

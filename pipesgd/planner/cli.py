@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,7 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
     (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
     import torch
 
-    from pipesgd.pipeline.runtime import action_times, overhead_s
+    from pipesgd.pipeline.runtime import action_times, runtime_overhead
     from pipesgd.polling import notice_delay_s
 
     from .profile import calibrate, profile
@@ -145,7 +145,7 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
         labels = torch.randint(spec.num_classes, (batch,), generator=g)
         prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
             out, labels))
-        runtime = overhead_s()
+        runtime = runtime_overhead()
         try:
             whole = action_times(spec, batch)
         except RuntimeError as err:  # out of memory: the model does not fit one worker
@@ -158,8 +158,7 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> 
         prof = replace(prof, stage_overhead_s=runtime.total_s, source=prof.source
                        + f"; not scaled to a run (the whole model did not run: {unscaled})")
     else:
-        prof = calibrate(prof, whole.forward_s, whole.backward_s, whole.update_s,
-                         (runtime.forward_s, runtime.backward_s, runtime.update_s))
+        prof = calibrate(prof, astuple(whole), astuple(runtime))
     return replace(prof, receive_delay_s=notice_delay_s())
 
 

@@ -22,6 +22,15 @@ from typing import Any
 EXAMPLE_CALL = "profile(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), torch.randn(32, 4))"
 
 
+def _check_figures(owner: Any, keys: tuple[str, ...], where: str = "") -> None:
+    """Each of `keys` of `owner` a finite number >= 0, else a ValueError naming it."""
+    for key in keys:
+        value = getattr(owner, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{where}{key} must be a finite number >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class LayerProfile:
     """One layer on one micro-batch.
@@ -50,15 +59,9 @@ class LayerProfile:
     name: str = ""
 
     def __post_init__(self) -> None:
-        for key in ("forward_s", "backward_s", "output_bytes", "param_bytes",
-                    "optimizer_bytes", "saved_bytes", "update_s", "copy_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not (value >= 0 and math.isfinite(value)):
-                raise ValueError(
-                    f"layer {self.name or '?'}: {key} must be a finite number >= 0, "
-                    f"got {value!r}"
-                )
+        _check_figures(self, ("forward_s", "backward_s", "output_bytes", "param_bytes",
+                              "optimizer_bytes", "saved_bytes", "update_s", "copy_s"),
+                       f"layer {self.name or '?'}: ")
 
     @property
     def compute_s(self) -> float:
@@ -78,7 +81,7 @@ class ModelProfile:
             the last stage runs after its forward.
         stage_overhead_s: the pipeline runtime's own time per micro-batch on a stage, its
             layers' work apart (dispatching the forward, backward and step; measured by
-            `pipesgd.pipeline.runtime.overhead_s`).
+            `pipesgd.pipeline.runtime.runtime_overhead`).
         receive_delay_s: how long after a message is in a rank that slept waiting for it
             resumes (`pipesgd.polling.notice_delay_s`).
     """
@@ -100,10 +103,7 @@ class ModelProfile:
                 raise TypeError(f"layer {i} is a {type(layer).__name__}, not a LayerProfile")
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
-        for key in ("loss_s", "stage_overhead_s", "receive_delay_s"):
-            value = getattr(self, key)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
+        _check_figures(self, ("loss_s", "stage_overhead_s", "receive_delay_s"))
 
     @classmethod
     def from_columns(
@@ -322,18 +322,18 @@ def profile(
     )
 
 
-def calibrate(profile: ModelProfile, forward_s: float, backward_s: float, update_s: float,
+def calibrate(profile: ModelProfile, run: tuple[float, float, float],
               overhead: tuple[float, float, float]) -> ModelProfile:
     """`profile` with its layers' forward, backward and update times scaled, each figure
     by one factor, so that they sum to what a real run of the whole model measured on
-    one stage (`forward_s` with the loss, `backward_s`, `update_s` per micro-batch),
-    less the runtime's own share of each (`overhead`, forward/backward/update); the
-    overhead becomes `stage_overhead_s`. Isolated layers run with warm caches and no
+    one stage (`run`: forward with the loss, backward, update, per micro-batch), less
+    the runtime's own share of each (`overhead`, the same three); the overhead becomes
+    `stage_overhead_s`. Isolated layers run with warm caches and no
     runtime around them: a real pass costs more, an optimizer step after a backward
     several times more. Factors go in `extra["calibration"]`."""
     sums = [sum(profile.column(key)) for key in ("forward_s", "backward_s", "update_s")]
-    wanted = [forward_s - overhead[0] - profile.loss_s, backward_s - overhead[1],
-              update_s - overhead[2]]
+    wanted = [run[0] - overhead[0] - profile.loss_s, run[1] - overhead[1],
+              run[2] - overhead[2]]
     factors = [w / s if s > 0 and w > 0 else 1.0 for w, s in zip(wanted, sums, strict=True)]
     layers = tuple(replace(lp, forward_s=lp.forward_s * factors[0],
                            backward_s=lp.backward_s * factors[1],
