@@ -143,7 +143,7 @@ def worker(args: argparse.Namespace) -> int:
     from pipesgd.pipeline import MicroBatches, models
     from pipesgd.pipeline.auto_plan import measured_topology
     from pipesgd.pipeline.data import synthetic
-    from pipesgd.planner.cli import profile_layer_model
+    from pipesgd.planner import profile_layer_model
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD

@@ -134,7 +134,7 @@ def test_bad_input_gives_clear_errors():
 
 def test_a_layer_model_profile_carries_the_runtime_s_costs():
     from pipesgd.pipeline import models
-    from pipesgd.planner.cli import profile_layer_model
+    from pipesgd.planner import profile_layer_model
     from pipesgd.polling import Polling, notice_delay_s
 
     prof = profile_layer_model(models.mlp((8, 16, 4)), "mlp", 4)
@@ -148,7 +148,7 @@ def test_a_layer_model_profile_carries_the_runtime_s_costs():
 
 def test_a_model_that_cannot_run_in_one_process_keeps_its_layer_times(monkeypatch):
     from pipesgd.pipeline import models, runtime
-    from pipesgd.planner.cli import profile_layer_model
+    from pipesgd.planner import profile_layer_model
 
     real = runtime.action_times
 

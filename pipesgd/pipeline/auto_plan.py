@@ -175,7 +175,8 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
             network: str, measured: Any = None) -> AutoPlan:
     """Rank 0: profile, choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
-    from pipesgd.planner.cli import print_choice, profile_layer_model, train_command
+    from pipesgd.planner.cli import print_choice, train_command
+    from pipesgd.planner.profile import profile_layer_model
 
     batch, micro = batch_sizes(args)
     if topology is None:

@@ -13,7 +13,8 @@
     print(simulate(to_plan(result), prof, "4x[20GB/s], 2x[1Gbit]").describe())
     print(choose(prof, "8x[1Gbit]", "64MB", batch_size=32).explanation)
 
-Modules: profile (LayerProfile, ModelProfile, profile), topology (levels of components
+Modules: profile (LayerProfile, ModelProfile, profile, and profile_layer_model: a
+`LayerModel`'s profile scaled to a real run of it), topology (levels of components
 and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
 stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
 runtime's schedule of a plan, timed: samples/s, bubbles, peak memory), choose (PipeDream,
@@ -31,7 +32,7 @@ from .madpipe import (
     stored_activations,
 )
 from .pipedream import LevelStage, PipeDreamResult, pipedream, to_plan
-from .profile import LayerProfile, ModelProfile, profile
+from .profile import LayerProfile, ModelProfile, profile, profile_layer_model
 from .simulate import SimulationResult, StageReport, simulate
 from .topology import HierarchicalTopology, Level, SharedCores, from_network, parse_bytes
 
@@ -55,6 +56,7 @@ __all__ = [
     "parse_bytes",
     "pipedream",
     "profile",
+    "profile_layer_model",
     "simulate",
     "smallest_budget",
     "stage_memory",

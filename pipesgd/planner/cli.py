@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,49 +116,10 @@ def _layer_model(args: argparse.Namespace) -> Any:
 
 def measure(args: argparse.Namespace) -> Any:
     """Profile --model layer by layer on one micro-batch of random samples."""
+    from .profile import profile_layer_model
+
     return profile_layer_model(_layer_model(args), args.model,
                                args.micro_batch or args.batch_size, args.threads)
-
-
-def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1) -> Any:
-    """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
-    torch threads and the cross-entropy loss on random labels, then scale the layers'
-    times to a real run of the whole model as one stage of the pipeline runtime, less
-    the runtime's own time per micro-batch (`profile.calibrate`,
-    `runtime.action_times`; unscaled, saying why, where the whole model cannot run in
-    one process), with the delay of a receive that slept
-    (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
-    import torch
-
-    from pipesgd.pipeline.runtime import action_times, runtime_overhead
-    from pipesgd.polling import notice_delay_s
-
-    from .profile import calibrate, profile
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        net = spec.build(seed=0).train()
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, *spec.input_shape, generator=g)
-        labels = torch.randint(spec.num_classes, (batch,), generator=g)
-        prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
-            out, labels))
-        runtime = runtime_overhead()
-        try:
-            whole = action_times(spec, batch)
-        except RuntimeError as err:  # out of memory: the model does not fit one worker
-            whole, unscaled = None, str(err).splitlines()[0]
-    finally:
-        torch.set_num_threads(previous)
-    prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
-                                "num_classes": spec.num_classes})
-    if whole is None:
-        prof = replace(prof, stage_overhead_s=runtime.total_s, source=prof.source
-                       + f"; not scaled to a run (the whole model did not run: {unscaled})")
-    else:
-        prof = calibrate(prof, astuple(whole), astuple(runtime))
-    return replace(prof, receive_delay_s=notice_delay_s())
 
 
 def _profile(args: argparse.Namespace) -> Any:

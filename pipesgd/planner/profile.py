@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +320,46 @@ def profile(
         source=f"profiled on {sample_input.device}: median of {repeats} after {warmup} "
                f"warm-up, {torch.get_num_threads()} thread(s)",
     )
+
+
+def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1
+                        ) -> ModelProfile:
+    """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
+    torch threads and the cross-entropy loss on random labels, then scale the layers'
+    times to a real run of the whole model as one stage of the pipeline runtime, less
+    the runtime's own time per micro-batch (`calibrate`,
+    `runtime.action_times`; unscaled, saying why, where the whole model cannot run in
+    one process), with the delay of a receive that slept
+    (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
+    import torch
+
+    from pipesgd.pipeline.runtime import action_times, runtime_overhead
+    from pipesgd.polling import notice_delay_s
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        net = spec.build(seed=0).train()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, *spec.input_shape, generator=g)
+        labels = torch.randint(spec.num_classes, (batch,), generator=g)
+        prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
+            out, labels))
+        runtime = runtime_overhead()
+        try:
+            whole = action_times(spec, batch)
+        except RuntimeError as err:  # out of memory: the model does not fit one worker
+            whole, unscaled = None, str(err).splitlines()[0]
+    finally:
+        torch.set_num_threads(previous)
+    prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
+                                "num_classes": spec.num_classes})
+    if whole is None:
+        prof = replace(prof, stage_overhead_s=runtime.total_s, source=prof.source
+                       + f"; not scaled to a run (the whole model did not run: {unscaled})")
+    else:
+        prof = calibrate(prof, astuple(whole), astuple(runtime))
+    return replace(prof, receive_delay_s=notice_delay_s())
 
 
 def calibrate(profile: ModelProfile, run: tuple[float, float, float],
