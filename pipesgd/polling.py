@@ -10,6 +10,7 @@ rank 0 work (profile, choose) while the others sleep.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,8 +72,7 @@ def notice_delay_s(polling: Polling | None = None, samples: int = 40) -> float:
         start = time.perf_counter()
         time.sleep(polling.poll_s)
         steps.append(time.perf_counter() - start)
-    steps.sort()
-    return steps[len(steps) // 2] / 2
+    return statistics.median(steps) / 2
 
 
 def idle_barrier(comm: MPI.Comm, poll_s: float = 1e-3) -> None:
