@@ -12,50 +12,13 @@
 #include <cstdint>
 #include <string>
 
+#include "array_checks.h"
 #include "compress/kernels.h"
 
 namespace py = pybind11;
 
 namespace pipesgd {
 namespace {
-
-// Pointer to the data of `a`, after checking it is a C-contiguous, aligned array of
-// `expected` elements of T (writable if `writable`).
-template <typename T>
-T* checked_data(const py::array& a, std::size_t expected, const char* name, bool writable) {
-  if (!a.dtype().is(py::dtype::of<T>())) {
-    throw py::value_error(std::string(name) + ": expected dtype " +
-                          py::str(py::dtype::of<T>()).cast<std::string>() + ", got " +
-                          py::str(a.dtype()).cast<std::string>());
-  }
-  if (!(a.flags() & py::array::c_style)) {
-    throw py::value_error(std::string(name) + ": array must be C-contiguous");
-  }
-  if (static_cast<std::size_t>(a.size()) != expected) {
-    throw py::value_error(std::string(name) + ": expected " + std::to_string(expected) +
-                          " elements, got " + std::to_string(a.size()));
-  }
-  if (writable && !a.writeable()) {
-    throw py::value_error(std::string(name) + ": array is read-only");
-  }
-  auto* ptr = static_cast<T*>(const_cast<void*>(a.data()));
-  if (reinterpret_cast<std::uintptr_t>(ptr) % alignof(T) != 0) {
-    throw py::value_error(std::string(name) + ": data is not aligned to " +
-                          std::to_string(alignof(T)) + " bytes");
-  }
-  return ptr;
-}
-
-// The fused owner kernels write `local` and read and write the wires: they must not share
-// memory (a wire may be the same array as the other wire).
-void check_disjoint(const py::array& a, const char* a_name, const py::array& b,
-                    const char* b_name) {
-  auto begin = [](const py::array& x) { return reinterpret_cast<std::uintptr_t>(x.data()); };
-  auto end = [&](const py::array& x) { return begin(x) + static_cast<std::uintptr_t>(x.nbytes()); };
-  if (begin(a) < end(b) && begin(b) < end(a)) {
-    throw py::value_error(std::string(a_name) + " and " + b_name + " must not overlap");
-  }
-}
 
 std::size_t float_count(const py::array& a, const char* name) {
   checked_data<float>(a, static_cast<std::size_t>(a.size()), name, false);

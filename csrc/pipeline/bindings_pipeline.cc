@@ -8,38 +8,20 @@
 
 #include <pybind11/stl.h>
 
-#include <cstdint>
+#include <cstddef>
 #include <initializer_list>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "array_checks.h"
 #include "pipeline/t2_kernels.h"
 
 namespace py = pybind11;
 
 namespace pipesgd {
 namespace {
-
-const float* float_data(const py::array& a, const char* name) {
-  if (!a.dtype().is(py::dtype::of<float>())) {
-    throw py::value_error(std::string(name) + ": expected dtype float32, got " +
-                          py::str(a.dtype()).cast<std::string>());
-  }
-  if (!(a.flags() & py::array::c_style)) {
-    throw py::value_error(std::string(name) + ": array must be C-contiguous");
-  }
-  if (reinterpret_cast<std::uintptr_t>(a.data()) % alignof(float) != 0) {
-    throw py::value_error(std::string(name) + ": data is not aligned to 4 bytes");
-  }
-  return static_cast<const float*>(a.data());
-}
-
-float* writable_data(py::array& a, const char* name) {
-  if (!a.writeable()) throw py::value_error(std::string(name) + ": array is read-only");
-  return const_cast<float*>(float_data(a, name));
-}
 
 // Every array of one call has the same length and no two share memory.
 void check_together(std::initializer_list<std::pair<const py::array*, const char*>> arrays) {
@@ -50,16 +32,20 @@ void check_together(std::initializer_list<std::pair<const py::array*, const char
                             std::to_string(first->size()) + " and " + std::to_string(a->size()));
     }
   }
+  if (first->size() == 0) return;
   for (auto i = arrays.begin(); i != arrays.end(); ++i) {
     for (auto j = std::next(i); j != arrays.end(); ++j) {
-      const auto a0 = reinterpret_cast<std::uintptr_t>(i->first->data());
-      const auto b0 = reinterpret_cast<std::uintptr_t>(j->first->data());
-      if (first->size() > 0 && a0 < b0 + static_cast<std::uintptr_t>(j->first->nbytes()) &&
-          b0 < a0 + static_cast<std::uintptr_t>(i->first->nbytes())) {
-        throw py::value_error(std::string(i->second) + " and " + j->second + " must not overlap");
-      }
+      check_disjoint(*i->first, i->second, *j->first, j->second);
     }
   }
+}
+
+float* writable_data(py::array& a, const char* name) {
+  return checked_data<float>(a, static_cast<std::size_t>(a.size()), name, true);
+}
+
+const float* float_data(const py::array& a, const char* name) {
+  return checked_data<float>(a, static_cast<std::size_t>(a.size()), name, false);
 }
 
 void scale_add(py::array y, const py::array& x, float a, float b) {
