@@ -170,6 +170,29 @@ def test_comm_thread_sleeps_longer_while_segments_stream(net3) -> None:
     assert result["doubling"] < 0.5 * result["fixed"], result
 
 
+def _tcp_eager_limit() -> int:
+    """Open MPI's TCP eager limit, from its own parameter listing (`ompi_info`)."""
+    ompi_info = Path(sys.executable).parent / "ompi_info"
+    out = subprocess.run([str(ompi_info), "--param", "btl", "tcp", "--level", "9",
+                          "--parsable"], capture_output=True, text=True, check=True,
+                         timeout=60).stdout
+    line = next(ln for ln in out.splitlines() if ":btl_tcp_eager_limit:value:" in ln)
+    return int(line.rsplit(":", 1)[1])
+
+
+@needs_netns
+def test_eager_probe_finds_the_transports_eager_limit(net3) -> None:
+    """Over TCP a message up to Open MPI's eager limit, less its header, is sent before
+    the receiver asks; the probe resolves 64 bytes."""
+    run = net3.run([sys.executable, PROBE, "eager", "0"], capture_output=True, timeout=60,
+                   env=mpi_env(), cwd=ROOT)
+    assert run.returncode == 0, f"eager probe failed:\n{run.output}"
+    found = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
+        "eager_bytes"]
+    limit = _tcp_eager_limit()
+    assert limit - 512 < found <= limit, f"found {found:,} B; btl_tcp_eager_limit {limit:,} B"
+
+
 @needs_netns
 def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     run, seconds = _probe(net3, "fanout")

@@ -226,9 +226,11 @@ def test_topology_parses_innermost_first_and_round_trips(tmp_path):
 def test_a_measured_network_gives_one_level_and_the_cores_its_ranks_share(tmp_path):
     net = describe_cluster("1Gbit", "50us", cores=2, ranks_per_host=None)
     net.beta_cpu_s_per_byte, net.gamma_s_per_byte = 2e-10, 1e-10
+    net.eager_bytes = 65408
     topo = from_network(net, 4)
     assert topo.num_workers == 4 and topo.levels[0].bandwidth == pytest.approx(1e9 / 8)
     assert topo.levels[0].latency == pytest.approx(50e-6)
+    assert topo.levels[0].eager_bytes == 65408
     # all four ranks on one host (ranks_per_host None)
     assert topo.shared_cores == SharedCores(2, 4, 2e-10, 1e-10)
     topo.save(tmp_path / "topo.json")

@@ -315,6 +315,29 @@ def test_a_rank_asleep_on_a_message_notices_it_late():
     assert sim.time_per_micro_batch_s == pytest.approx(6.5)
 
 
+@pytest.mark.parametrize("eager, expected", [(0.0, 6.0), (0.5e9, 5.5), (1e9, 4.0)])
+def test_the_eager_part_of_a_message_moves_before_the_receiver_asks(eager, expected):
+    # Two stages, two in flight, stage 0 F = B = 1, stage 1 F = 1, B = 3; every message
+    # 1 s on the one link the pair shares both ways. Stage 1 ends B_i at T and sends its
+    # gradient; stage 0, waiting at RB_i, pulls it over T..T+1. Without an eager part,
+    # stage 1 then pulls activation i+1 (sent long before, while it computed) over
+    # T+1..T+2 and runs F, B to T+6: 6 per micro-batch. With half of each message eager,
+    # the gradient's first half leaves at T, its rest follows to T+1, and stage 1 pulls
+    # only the activation's rest (its first half came while it computed): T+1..T+1.5,
+    # then F, B to T+5.5. All eager: the activation is in at T and stage 1's 4 s bound.
+    prof = chain([1.0, 1.0], [1.0, 3.0], output=[1e9, 0.0])
+    topo = HierarchicalTopology((Level(2, 1e9, 0.0, eager),))
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=2), prof, topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(expected)
+
+
+def test_eager_bytes_round_trip_through_json():
+    topo = HierarchicalTopology((Level(2, 1e9, 5e-5, 65408.0),))
+    assert HierarchicalTopology.from_dict(topo.to_dict()) == topo
+    with pytest.raises(ValueError, match="eager_bytes"):
+        Level(2, 1e9, 0.0, -1.0)
+
+
 def test_a_rank_sends_one_message_at_a_time():
     # Stage 0 (no compute) feeds three replicas of stage 1 (F = B = 1) round robin, each
     # activation 1 s on its own link. The replicas could take a micro-batch every 2/3 s

@@ -10,14 +10,16 @@ this simulation repeats in passing), one action at a time:
              runtime's own time per micro-batch (`stage_overhead_s`), and a forward
              that takes a new stashed version of the weights their copy (`copy_s`)
     SF, SB   free (the runtime's sends are non-blocking); the message's header arrives
-             one latency later
+             one latency later, and the payload's first `eager_bytes` (the level's, the
+             transport's eager limit) leave at once
     RF, RB   waits for the payload, a_l bytes of the layer at the stage boundary
              (scaled like the times): the runtime posts a payload's receive when it reads
-             the header, at this action, so the payload moves only once the receiver is
-             here and the header in. It waits for the link between the two ranks and for
-             the sender's previous message (one NIC per rank, to whichever peer),
-             occupies both bytes / bandwidth and arrives one latency after that; the
-             receiver, asleep meanwhile, resumes `receive_delay_s` later (the profile's)
+             the header, at this action, so the rest of the payload moves only once the
+             receiver is here and the header in. Every part waits for the link between
+             the two ranks and for the sender's previous message (one NIC per rank, to
+             whichever peer), occupies both bytes / bandwidth and arrives one latency
+             after that; a receiver that slept meanwhile resumes `receive_delay_s` later
+             (the profile's)
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
@@ -82,7 +84,7 @@ from pipesgd.pipeline.plan import Plan
 from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
 
 from .profile import ModelProfile
-from .topology import HierarchicalTopology, SharedCores, as_topology
+from .topology import HierarchicalTopology, Level, SharedCores, as_topology
 
 SATURATED = 0.99  # a resource busier than this in steady state is the bottleneck
 MIN_MEASURED_CYCLES = 4
@@ -312,20 +314,26 @@ class _Network:
             raise ValueError(f"the placement {list(map(list, placement))} must name "
                              f"{world} distinct workers of 0..{topology.num_workers - 1}")
 
-    def _level(self, workers: Sequence[int]) -> tuple[float, float]:
+    def _level(self, workers: Sequence[int]) -> Level:
         assert self.topology is not None
         for k in range(1, self.topology.num_levels + 1):
             size = self.topology.component_size(k)
             if len({w // size for w in workers}) == 1:
-                level = self.topology.levels[k - 1]
-                return level.bandwidth, level.latency
+                return self.topology.levels[k - 1]
         raise AssertionError("the top level holds every worker")  # pragma: no cover
 
     def link(self, a: int, b: int) -> tuple[float, float]:
         """(bytes/s, latency s) between ranks a and b."""
         if self.topology is None:
             return math.inf, 0.0
-        return self._level([self.worker[a], self.worker[b]])
+        level = self._level([self.worker[a], self.worker[b]])
+        return level.bandwidth, level.latency
+
+    def eager_bytes(self, a: int, b: int) -> float:
+        """Bytes of a message from a to b that move before b asks for it."""
+        if self.topology is None:
+            return 0.0
+        return self._level([self.worker[a], self.worker[b]]).eager_bytes
 
     def host(self, rank: int) -> int:
         """The host whose cores the rank computes on (its own without shared cores)."""
@@ -358,8 +366,8 @@ class _Network:
         r = len(ranks)
         if r < 2 or self.topology is None:
             return 0.0
-        bandwidth, latency = self._level([self.worker[x] for x in ranks])
-        return 2 * (r - 1) / r * nbytes / bandwidth + 2 * (r - 1) * latency
+        level = self._level([self.worker[x] for x in ranks])
+        return 2 * (r - 1) / r * nbytes / level.bandwidth + 2 * (r - 1) * level.latency
 
 
 class _Memory:
@@ -519,35 +527,46 @@ def simulate(
 
     arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
     waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
-    posted: dict[tuple, tuple[int, float, float]] = {}  # -> (src, bytes, header arrival)
+    # (dst, message key) -> (src, bytes, bytes left for the receiver to ask for,
+    # header arrival, arrival of the part sent eagerly)
+    posted: dict[tuple, tuple[int, float, float, float, float]] = {}
     ready_at: dict[tuple, float] = {}  # -> when its receiver reached it, before the send
     on_wire: dict[tuple, tuple[float, float]] = {}  # -> (wire arrival, latency)
 
-    def begin_transfer(key: tuple, start: float) -> None:
-        """The payload of `key` moves from `start` (sender and receiver both there): over
-        the link and the sender's NIC, and where cores are shared on the host's CPU."""
-        src, nbytes, _ = posted.pop(key)
-        dst = key[0]
-        bandwidth, latency = net.link(src, dst)
+    def occupy(src: int, dst: int, nbytes: float, start: float) -> float:
+        """`nbytes` on the link from `start`, after the sender's previous message (one NIC)
+        and the link's; when they are through."""
+        bandwidth, _ = net.link(src, dst)
         pair = (min(src, dst), max(src, dst))
         start = max(start, link_free[pair], nic_free[src])
-        took = nbytes / bandwidth
-        link_free[pair] = nic_free[src] = start + took
-        if took > 0:
-            link_use[pair].append((start, start + took))
+        end = start + nbytes / bandwidth
+        link_free[pair] = nic_free[src] = end
+        if end > start:
+            link_use[pair].append((start, end))
+        return end
+
+    def begin_transfer(key: tuple, reached: float) -> None:
+        """The receiver of `key`, at its receive since `reached`, reads the header: the
+        rest of the payload moves (over the link and the sender's NIC, and where cores
+        are shared on the host's CPU)."""
+        src, nbytes, rest, header_in, eager_in = posted.pop(key)
+        dst = key[0]
+        latency = net.link(src, dst)[1]
+        start = max(reached, header_in)
+        wire = max(occupy(src, dst, rest, start) + latency if rest > 0 else start, eager_in)
         work = net.transfer_cpu_s(nbytes)
         if work > 0:
-            on_wire[key] = (start + took + latency, latency)
+            on_wire[key] = (wire, latency if rest > 0 else 0.0)
             start_job(start, dst, ("transfer", key), work)
         else:
-            deliver(key, start + took + latency)
+            deliver(key, wire, slept=wire > reached)
 
-    def deliver(key: tuple, at: float) -> None:
+    def deliver(key: tuple, at: float, slept: bool = True) -> None:
         """The payload of `key` is in at `at`; its receiver, asleep on it, notices (the
         profile's receive_delay_s) and resumes."""
         rank = waiting_msg.pop(key)
         arrival[key] = at
-        wake(at + profile.receive_delay_s, rank)
+        wake(at + (profile.receive_delay_s if slept else 0.0), rank)
 
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
@@ -609,10 +628,13 @@ def simulate(
                 dst = sched.peer(plan, a)
                 key = (dst, sched.message_key(a))
                 nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
-                header_at = t + net.link(rank, dst)[1]
-                posted[key] = (rank, nbytes, header_at)
+                latency = net.link(rank, dst)[1]
+                # the transport's eager bytes leave now, whether the receiver is there
+                eager = min(nbytes, net.eager_bytes(rank, dst))
+                eager_in = occupy(rank, dst, eager, t) + latency if eager > 0 else 0.0
+                posted[key] = (rank, nbytes, nbytes - eager, t + latency, eager_in)
                 if key in waiting_msg:  # the receiver is there already
-                    begin_transfer(key, max(header_at, ready_at.pop(key)))
+                    begin_transfer(key, ready_at.pop(key))
             elif a.kind in ("RF", "RB"):
                 key = (rank, sched.message_key(a))
                 if key in arrival:
@@ -620,7 +642,7 @@ def simulate(
                 else:  # asleep until the payload is in
                     waiting_msg[key] = rank
                     if key in posted:
-                        begin_transfer(key, max(t, posted[key][2]))
+                        begin_transfer(key, t)
                     else:
                         ready_at[key] = t
                     return

@@ -58,11 +58,16 @@ class Level:
         count: m_k, components of level k-1 in one component of level k (>= 1).
         bandwidth: B_k, bytes per second of the links between them.
         latency: seconds per message on those links (0: not given).
+        eager_bytes: bytes of a message that move as soon as it is sent, before its
+            receiver posts the receive (the transport's eager limit,
+            `NetworkParams.eager_bytes`); the rest moves once the receiver asks.
+            0: none (every byte waits for the receiver).
     """
 
     count: int
     bandwidth: float
     latency: float = 0.0
+    eager_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -71,6 +76,8 @@ class Level:
             raise ValueError(f"a level's bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
         if not (self.latency >= 0 and math.isfinite(self.latency)):
             raise ValueError(f"a level's latency must be >= 0 s, got {self.latency!r}")
+        if not (self.eager_bytes >= 0 and math.isfinite(self.eager_bytes)):
+            raise ValueError(f"a level's eager_bytes must be >= 0, got {self.eager_bytes!r}")
 
     def __str__(self) -> str:
         inner = f"{self.bandwidth / 1e9:g}GB/s"
@@ -201,7 +208,8 @@ class HierarchicalTopology:
     def to_dict(self) -> dict[str, Any]:
         return {
             "levels": [
-                {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency}
+                {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency,
+                 "eager_bytes": lv.eager_bytes}
                 for lv in self.levels
             ],
             "memory_per_worker": self.memory_per_worker,
@@ -213,7 +221,8 @@ class HierarchicalTopology:
     def from_dict(cls, data: dict[str, Any]) -> HierarchicalTopology:
         try:
             levels = tuple(
-                Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)))
+                Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)),
+                      float(lv.get("eager_bytes", 0.0)))
                 for lv in data["levels"]
             )
         except (KeyError, TypeError) as err:
@@ -239,14 +248,14 @@ class HierarchicalTopology:
 
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
     """One level of `workers` at a measured network's β and α (`NetworkParams`), with
-    the cores they share where it says (`cores`, `ranks_per_host`) and communication's
-    CPU cost (β_cpu, γ)."""
+    the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
+    cost (β_cpu, γ) and the transport's eager bytes."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
                              net.beta_cpu_s_per_byte, net.gamma_s_per_byte)
-    return HierarchicalTopology((Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s),),
-                                shared_cores=shared)
+    level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s, net.eager_bytes)
+    return HierarchicalTopology((level,), shared_cores=shared)
 
 
 def as_topology(topology: HierarchicalTopology | str) -> HierarchicalTopology:

@@ -101,6 +101,10 @@ class NetworkParams:
             the ranks span several nodes (α and β are then those of the network between
             nodes, the ring's slowest edges); None: not measured (one node).
         ranks_per_node: ranks per node where the ranks span several nodes; None otherwise.
+        eager_bytes: the largest message whose send completes before its receive is
+            posted (the transport's eager limit), between rank 0 and α's peer: the
+            bytes a message moves before its receiver asks (a larger one's first
+            fragment carries as many). 0: not measured.
         measured_p: number of ranks the figures were measured with (None: given by hand).
         spread: figure -> relative spread (IQR / median) of the repetitions.
         source: where the figures come from.
@@ -120,6 +124,7 @@ class NetworkParams:
     node_alpha_s: float | None = None
     node_beta_s_per_byte: float | None = None
     ranks_per_node: int | None = None
+    eager_bytes: int = 0
     measured_p: int | None = None
     spread: dict[str, float] = field(default_factory=dict)
     source: str = ""
@@ -141,7 +146,7 @@ class NetworkParams:
                 f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
-                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s"):
+                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s", "eager_bytes"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -422,6 +427,51 @@ def _measure_alpha(comm: Any, small_bytes: int, repeats: int, peer: int) -> tupl
     return _median_spread(comm.bcast(samples, root=0))
 
 
+_EAGER_TAG = 7301
+_EAGER_WAIT_S = 0.01  # the receiver's lateness in an eager probe
+
+
+def _sends_before_receive(comm: Any, nbytes: int, peer: int) -> bool:
+    """Whether rank 0's send of `nbytes` to `peer` completes while `peer` has not yet
+    posted its receive (collective; the answer on every rank)."""
+    import numpy as np
+
+    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)[:nbytes]
+    rank = comm.Get_rank()
+    comm.Barrier()
+    done = False
+    if rank == 0:
+        request = comm.Isend(buf, dest=peer, tag=_EAGER_TAG)
+        deadline = time.perf_counter() + 0.75 * _EAGER_WAIT_S
+        while not (done := bool(request.Test())) and time.perf_counter() < deadline:
+            time.sleep(1e-4)
+        request.Wait()
+    elif rank == peer:
+        time.sleep(_EAGER_WAIT_S)
+        comm.Recv(buf, source=0, tag=_EAGER_TAG)
+    return bool(comm.bcast(done, root=0))
+
+
+def _measure_eager(comm: Any, peer: int, most: int = 1 << 20) -> int:
+    """The largest message rank 0 sends to `peer` before `peer` posts its receive, to 64
+    bytes (collective). Doubling sizes from 256 bytes while three probes in a row
+    complete, then a bisection: a transport whose small sends wait for the receiver
+    (shared memory's, at times) measures small, where the eager part hardly counts."""
+    size, ok = 256, 0
+    while size <= most and all(_sends_before_receive(comm, size, peer) for _ in range(3)):
+        ok, size = size, size * 2
+    if size > most:
+        return most
+    failed = size
+    while failed - ok > 64:
+        mid = (ok + failed) // 2
+        if _sends_before_receive(comm, mid, peer):
+            ok = mid
+        else:
+            failed = mid
+    return ok
+
+
 def _measure_node_link(comm: Any, small_bytes: int, repeats: int,
                        peer: int) -> tuple[float, float]:
     """(α, β) between rank 0 and `peer` on its node: a small ping-pong, and the slope of
@@ -643,6 +693,9 @@ def measure_network(
       it, against one alone, per ring step (`_engine_load_latency`).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
+    * eager: the largest message rank 0 sends to α's peer before the peer posts its
+      receive (`_measure_eager`): the transport's eager limit (64 KiB less a header for
+      Open MPI over TCP).
     * S: one `Barrier`.
 
     Each figure is the median of `repeats`, taken after a warm-up; `spread` holds the
@@ -674,9 +727,10 @@ def measure_network(
     spans_nodes = len(set(keys)) > 1
 
     # alpha: ping-pong between 0 and its peer on another node, if any
-    alpha = 0.0
+    alpha, eager = 0.0, 0
     if size > 1:
         alpha, spread["alpha"] = _measure_alpha(comm, small_bytes, repeats, peer)
+        eager = _measure_eager(comm, peer)
     node_link = None
     if spans_nodes and node_peer is not None:
         node_link = _measure_node_link(comm, small_bytes, repeats, node_peer)
@@ -741,6 +795,7 @@ def measure_network(
         node_alpha_s=None if node_link is None else node_link[0],
         node_beta_s_per_byte=None if node_link is None else node_link[1],
         ranks_per_node=keys.count(keys[0]) if spans_nodes else None,
+        eager_bytes=eager,
         measured_p=size,
         spread={k: round(v, 4) for k, v in spread.items()},
         source=source,

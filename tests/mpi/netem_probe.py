@@ -6,6 +6,9 @@ Usage: netem_probe.py PATTERN NBYTES
     fail    exit with status 3 after MPI_Init (a failing command)
     burst   measure the links' β and token-bucket burst as the timing model does (NBYTES
             unused); prints {"pattern", "burst_bytes", "beta"}
+    eager   the largest message rank 0 sends to rank 1 before rank 1 posts its receive,
+            as the timing model measures it (NBYTES unused); prints
+            {"pattern", "eager_bytes"}
     wakes   an engine allreduce of NBYTES of float32, once with the comm thread's poll
             sleep fixed at PIPESGD_POLL_US (poll_max_us=0) and once doubling (the
             default); prints
@@ -77,6 +80,13 @@ def main() -> int:
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst, "beta": beta}),
                   flush=True)
+        return 0
+    if pattern == "eager":
+        from pipesgd.timing.network import _measure_eager
+
+        eager = _measure_eager(comm, peer=1)
+        if rank == 0:
+            print(json.dumps({"pattern": pattern, "eager_bytes": eager}), flush=True)
         return 0
     if pattern == "wakes":
         fixed = comm.reduce(_engine_wakes(comm, nbytes, 0))  # no growth above poll_us
