@@ -8,11 +8,12 @@ with replicated stages synchronized by the engine, and GPipe as the synchronous 
 Modules: plan (the planner's format), schedule (actions, generators, deadlock check),
 stash (weight-version policies), p2p (tensor messages), stage (a stage's compute),
 replicas (gradient all-reduce of replicated stages), runtime (the executor),
-checkpoint, timeline, models, data, cli.
+evaluate (held-out loss and accuracy), checkpoint, timeline, models, data, cli.
 """
 
 from . import models
 from .data import MicroBatches
+from .evaluate import Evaluation, evaluate
 from .plan import Plan, PlanError, StagePlan
 from .runtime import EpochStats, Pipeline
 from .schedule import Action, DeadlockError, ScheduleError
@@ -22,6 +23,7 @@ __all__ = [
     "Action",
     "DeadlockError",
     "EpochStats",
+    "Evaluation",
     "LatestWeights",
     "MicroBatches",
     "Pipeline",
@@ -32,5 +34,6 @@ __all__ = [
     "VerticalSync",
     "WeightPolicy",
     "WeightStash",
+    "evaluate",
     "models",
 ]

@@ -212,11 +212,12 @@ def run(args: argparse.Namespace) -> int:
                     print(format_delays(sched.delays(plan)))
             return 0
         kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
+        held_out = None  # the test split, evaluated after every epoch
         if kind == "digits":
             if model.input_shape == (64,):
-                (x, y), _ = data.digits(seed=args.seed)
+                (x, y), held_out = data.digits(seed=args.seed)
             elif len(model.input_shape) == 3 and model.num_classes >= 10:
-                (x, y), _ = data.digits_as_images(model.input_shape, seed=args.seed)
+                (x, y), held_out = data.digits_as_images(model.input_shape, seed=args.seed)
             else:
                 raise SystemExit(
                     f"--data digits: 64 features or images (channels, height, width) of 10 "
@@ -261,11 +262,16 @@ def run(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
             history.append(stats.to_dict())
+            held = ""
+            if held_out is not None:
+                test = pipe.evaluate(*held_out)
+                history[-1].update(test_loss=test.loss, test_accuracy=test.accuracy)
+                held = f" test accuracy {test.accuracy:.3f}"
             if rank == 0:
                 util = " ".join(f"s{i}={u:.0%}" for i, u in enumerate(stats.stage_utilisation))
-                print(f"epoch {epoch}: loss {stats.loss:.4f} accuracy {stats.accuracy:.3f} | "
-                      f"{stats.throughput_samples_per_s:.0f} samples/s | utilisation {util}",
-                      flush=True)
+                print(f"epoch {epoch}: loss {stats.loss:.4f} accuracy {stats.accuracy:.3f}"
+                      f"{held} | {stats.throughput_samples_per_s:.0f} samples/s | "
+                      f"utilisation {util}", flush=True)
             # Every rank has the same loss (gathered), so all stop together.
             if (why := diverged(stats.loss, epoch, lr)) is not None:
                 if rank == 0:
@@ -299,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
                 "delays": pipe.delays if pipe.plan.schedule == "async" else None,
                 "loss": last["loss"],
                 "accuracy": last["accuracy"],
+                "test_accuracy": last.get("test_accuracy"),
                 "epochs": history,
             }
             if auto is not None:

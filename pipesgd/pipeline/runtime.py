@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from . import schedule as sched
 from .data import MicroBatches
+from .evaluate import Evaluation, evaluate
 from .models import LayerModel, from_modules
 from .p2p import StageLink, TensorSpec
 from .pipemare import AsyncWeights, PipeMareOptions
@@ -416,6 +417,12 @@ class Pipeline:
         grads = self.sync.flush() if a.mb == self._last_round else self.sync.ready()
         for g in grads:
             self.stage.step(g)
+
+    def evaluate(self, inputs: Tensor, labels: Tensor,
+                 batch_size: int | None = None) -> Evaluation:
+        """Loss and accuracy of the current weights on held-out samples, the same on
+        every rank (collective; `pipesgd.pipeline.evaluate`)."""
+        return evaluate(self, inputs, labels, batch_size)
 
     # ------------------------------------------------------------------ state
     def layer_state(self) -> dict[str, Tensor]:
