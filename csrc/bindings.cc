@@ -128,6 +128,11 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
+      .def_property_readonly("linked_edges",
+                             [](const Engine& e) {
+                               const auto [left, right] = e.linked_edges();
+                               return py::make_tuple(left, right);
+                             })
       .def("large_operations_as_messages",
            [](Engine& e) {
              std::map<std::size_t, bool> decided;

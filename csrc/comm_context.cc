@@ -218,16 +218,9 @@ void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* ph
              op, peer, phase, teaches_spin);
 }
 
-void CommContext::wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer,
-                           const char* phase) {
-  if (reqs.empty()) return;
-  poll_until(
-      [&](int* done) {
-        PSG_MPI_CHECK(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), done,
-                                  MPI_STATUSES_IGNORE),
-                      peer);
-      },
-      op, peer, phase, /*teaches_spin=*/true);
+void CommContext::wait_until(const std::function<bool()>& ready, Operation& op, int peer,
+                             const char* phase, bool teaches_spin) {
+  poll_until([&](int* done) { *done = ready() ? 1 : 0; }, op, peer, phase, teaches_spin);
 }
 
 void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& ready,

@@ -93,7 +93,10 @@ class CommContext {
   // a shared-memory ring to sleep between segments.
   void wait(MPI_Request& req, Operation& op, int peer, const char* phase,
             bool teaches_spin = true);
-  void wait_all(std::vector<MPI_Request>& reqs, Operation& op, int peer, const char* phase);
+  // Polls `ready` (which may test MPI requests and make progress itself) as wait() polls
+  // one request.
+  void wait_until(const std::function<bool()>& ready, Operation& op, int peer,
+                  const char* phase, bool teaches_spin = true);
   // Waits until `ready` returns true; `ready` may make progress itself (copy out what
   // the right neighbour has room for). Tests without pause for spin_us after the last
   // progress when every rank has a core, then sleeps on the link's doorbell, which a

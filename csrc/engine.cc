@@ -45,7 +45,14 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
   // Collective: asked on every rank, whatever each rank's environment says.
   const RingTransport transport = describe_ring_transport(dup);
   const bool shared_memory = transport.shared_memory;
-  const bool want_links = shared_memory && transport.ranks > 1 && config_.shm_links != 0;
+  // Links on the edges within a node, unless turned off; where MPI must not use shared
+  // memory (OMPI_MCA_btl), only when asked for (shm_links = 1).
+  const bool want_links = transport.ranks > 1 && transport.edges_on_node > 0 &&
+                          (config_.shm_links == 1 ||
+                           (config_.shm_links < 0 && transport.mpi_shared_memory_allowed));
+  // Every edge within a node: the links' own segments. Some edges between nodes: those
+  // set the pace, and the ring keeps the network's segments on every edge.
+  const bool all_edges_linked = transport.edges_on_node == transport.ranks;
   // Each path its own segments and window (transport.h), unless the user set them.
   message_path_.window = config_.window != 0 ? config_.window
                          : shared_memory     ? kSharedMemoryWindow
@@ -54,9 +61,12 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
       config_.segment_bytes != 0 ? config_.segment_bytes
       : shared_memory            ? shared_memory_segment_bytes(transport, message_path_.window)
                                  : kNetworkSegmentBytes;
-  link_path_.window = config_.window != 0 ? config_.window : kShmLinkWindow;
-  link_path_.segment_bytes =
-      config_.segment_bytes != 0 ? config_.segment_bytes : kShmLinkSegmentBytes;
+  link_path_.window = config_.window != 0 ? config_.window
+                     : all_edges_linked    ? kShmLinkWindow
+                                           : message_path_.window;
+  link_path_.segment_bytes = config_.segment_bytes != 0 ? config_.segment_bytes
+                             : all_edges_linked         ? kShmLinkSegmentBytes
+                                                        : message_path_.segment_bytes;
   // Polling harder while the caller waits pays over shared memory, where a segment
   // follows within microseconds. Over a network the link sets the pace and polite
   // polling already keeps up (comm_context.h).
@@ -72,7 +82,8 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
     // Collective; every rank gets links or none, and without them MPI carries the data.
     std::string why_not;
     links_ = ShmLinks::create(ctx_->comm(), link_path_.segment_bytes,
-                              std::max(link_path_.window, 2), &why_not);
+                              std::max(link_path_.window, 2), transport.left_on_node,
+                              transport.right_on_node, &why_not);
     if (!links_ && !why_not.empty()) {
       std::fprintf(stderr,
                    "pipesgd: rank %d: no shared-memory links (%s); ring segments go as MPI "
@@ -81,7 +92,9 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
     }
   }
   link_path_.links = links_.get();
-  tune_paths_ = links_ != nullptr && config_.shm_links < 0;
+  // Large operations on one node take whichever of links and MPI messages was faster
+  // (path_tuner.h); a ring across nodes keeps its links.
+  tune_paths_ = links_ != nullptr && config_.shm_links < 0 && all_edges_linked;
   const RingPath& shown = links_ ? link_path_ : message_path_;
   config_.segment_bytes = shown.segment_bytes;
   config_.window = shown.window;

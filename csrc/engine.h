@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "allreduce/ring.h"
 #include "allreduce/workspace.h"
@@ -68,8 +69,13 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   WaitedPolling polling_while_waited() const { return ctx_->while_waited(); }
   bool is_shut_down() const { return shut_down_.load(); }
-  // Segments travel through shared-memory inboxes rather than MPI messages.
+  // Segments travel through shared-memory inboxes rather than MPI messages on some edge.
   bool uses_shm_links() const { return links_ != nullptr; }
+  // Which of this rank's ring edges (from the left, to the right) are links.
+  std::pair<bool, bool> linked_edges() const {
+    return {links_ != nullptr && links_->reaches_left(),
+            links_ != nullptr && links_->reaches_right()};
+  }
   // Large operations are timed on the links and as MPI messages, and take the faster
   // (path_tuner.h): per size class decided so far, its smallest size in bytes and
   // whether messages won. Empty when not tuned. Waits for a running operation.

@@ -49,9 +49,10 @@ struct EngineConfig {
   // complete too, so for this long the comm thread tests without sleeping.
   int spin_us = 100;
   // Between ranks that share a node, send segments through shared-memory inboxes
-  // (shm_links.h) instead of MPI messages. 1: always; 0: never (MPI messages, Open
-  // MPI's CMA); unset (-1): the links, and large operations whichever way
-  // was faster on the first of their size (path_tuner.h).
+  // (shm_links.h) instead of MPI messages. 1: always, even where Open MPI is kept off
+  // shared memory (OMPI_MCA_btl); 0: never (MPI messages, Open MPI's CMA); unset (-1):
+  // the links, and on a ring within one node large operations whichever way was
+  // faster on the first of their size (path_tuner.h).
   int shm_links = -1;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;

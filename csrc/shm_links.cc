@@ -152,6 +152,7 @@ bool all_ranks(MPI_Comm comm, bool mine) {
 }  // namespace
 
 std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes, int slots,
+                                           bool left_on_node, bool right_on_node,
                                            std::string* why_not) {
   int rank = 0, size = 1;
   PSG_MPI_CHECK(MPI_Comm_rank(comm, &rank), -1);
@@ -170,14 +171,15 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
   links->slots_ = slots;
   links->in_stride_ = kLine + round_up(slot_bytes);
   const std::string mine = inbox_name(token, rank);
-  const std::size_t inbox_bytes =
-      kControlBytes + static_cast<std::size_t>(slots) * links->in_stride_;
+  // Without a left neighbour on this node the inbox is only a doorbell.
+  const std::size_t inbox_slots = left_on_node ? static_cast<std::size_t>(slots) : 0;
+  const std::size_t inbox_bytes = kControlBytes + inbox_slots * links->in_stride_;
   links->inbox_.base = create_inbox(mine, inbox_bytes, why_not);
   if (links->inbox_.base != nullptr) {
     links->inbox_.bytes = inbox_bytes;
     Control* c = new (links->inbox_.base) Control();
     c->slot_bytes = slot_bytes;
-    c->slots = static_cast<std::uint64_t>(slots);
+    c->slots = inbox_slots;
   }
   if (!all_ranks(comm, links->inbox_.base != nullptr)) {
     if (links->inbox_.base != nullptr) shm_unlink(mine.c_str());
@@ -186,12 +188,13 @@ std::unique_ptr<ShmLinks> ShmLinks::create(MPI_Comm comm, std::size_t slot_bytes
   }
   const std::string right = inbox_name(token, (rank + 1) % size);
   const std::string left = inbox_name(token, (rank + size - 1) % size);
-  links->outbox_.base = map_inbox(right, &links->outbox_.bytes, why_not);
-  if (links->outbox_.base != nullptr) {
+  if (right_on_node) links->outbox_.base = map_inbox(right, &links->outbox_.bytes, why_not);
+  if (left_on_node && why_not->empty()) {
     links->left_inbox_.base = map_inbox(left, &links->left_inbox_.bytes, why_not);
   }
-  bool mapped = links->outbox_.base != nullptr && links->left_inbox_.base != nullptr;
-  if (mapped) {
+  bool mapped = (links->outbox_.base != nullptr) == right_on_node &&
+                (links->left_inbox_.base != nullptr) == left_on_node;
+  if (mapped && right_on_node) {
     const Control* c = control(links->outbox_.base);
     links->out_capacity_ = c->slot_bytes;
     links->out_stride_ = kLine + round_up(c->slot_bytes);

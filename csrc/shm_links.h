@@ -47,15 +47,23 @@ struct ShmMessage {
 
 class ShmLinks {
  public:
-  // Collective over `comm` (every rank's ring neighbours share its node). Each
-  // slot holds up to `slot_bytes`. Returns nullptr on every rank if any rank could
-  // not create or map its link (no /dev/shm, too small): the engine then keeps
-  // to MPI messages. `why_not` says what failed on this rank.
+  // Collective over `comm`. Links join this rank to its left neighbour when
+  // `left_on_node` and to its right one when `right_on_node` (both ends of an edge
+  // must say the same); every rank has an inbox, whose doorbell it sleeps on, with
+  // slots only when its left neighbour sends into it. Each slot holds up to
+  // `slot_bytes`. Returns nullptr on every rank if any rank could not create or map
+  // its links (no /dev/shm, too small): the engine then keeps to MPI messages.
+  // `why_not` says what failed on this rank.
   static std::unique_ptr<ShmLinks> create(MPI_Comm comm, std::size_t slot_bytes, int slots,
+                                          bool left_on_node, bool right_on_node,
                                           std::string* why_not);
   ~ShmLinks();
   ShmLinks(const ShmLinks&) = delete;
   ShmLinks& operator=(const ShmLinks&) = delete;
+
+  // Which neighbours the links reach; the other edges go by MPI.
+  bool reaches_left() const { return left_inbox_.base != nullptr; }
+  bool reaches_right() const { return outbox_.base != nullptr; }
 
   // Bytes one slot of the right neighbour's inbox can take.
   std::size_t right_slot_bytes() const { return out_capacity_; }

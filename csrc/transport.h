@@ -46,13 +46,21 @@ struct RingTransport {
   // reach them (Open MPI's OMPI_MCA_btl can exclude it, as a network emulator
   // does); true only if it holds for every rank, so the ring cuts segments alike.
   bool shared_memory = false;
+  // MPI may use shared memory on every rank (OMPI_MCA_btl does not exclude it).
+  bool mpi_shared_memory_allowed = false;
+  // This rank's left and right neighbours share its node, and how many of the ring's
+  // edges join two ranks of one node (all of them: `ranks`).
+  bool left_on_node = false;
+  bool right_on_node = false;
+  int edges_on_node = 0;
   // Every node has a core for each of its ranks.
   bool core_per_rank = false;
   // The smallest per-core L2 cache of all ranks; 0 if no rank could tell.
   std::size_t l2_cache_bytes = 0;
   // Ranks in the ring.
   int ranks = 1;
-  // This rank's place among the ranks of its node, and how many there are.
+  // This rank's place among the ranks of its host (they share its cores), and how many
+  // there are.
   int node_rank = 0;
   int node_ranks = 1;
 };
@@ -61,7 +69,9 @@ struct RingTransport {
 // every rank, as long as `window` is.
 std::size_t shared_memory_segment_bytes(const RingTransport& transport, int window);
 
-// Collective over `comm`.
+// Collective over `comm`. A node is what MPI calls one (MPI_COMM_TYPE_SHARED), split by
+// network namespace: ranks in namespaces of their own (bench/netem.py --nodes) are
+// separate nodes, as their network says; on a cluster the two are the same.
 RingTransport describe_ring_transport(MPI_Comm comm);
 
 }  // namespace pipesgd

@@ -147,6 +147,13 @@ class Engine:
         return bool(self._engine.shm_links)
 
     @property
+    def linked_edges(self) -> tuple[bool, bool]:
+        """Which of this rank's ring edges, (from the left, to the right), go through
+        shared-memory links: those whose neighbour shares this rank's node."""
+        left, right = self._engine.linked_edges
+        return bool(left), bool(right)
+
+    @property
     def large_operation_paths(self) -> dict[int, str]:
         """How large uncompressed operations travel, per size class decided so far: the
         class's smallest size in bytes (a power of two, from 4 MiB) and "links" or

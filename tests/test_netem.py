@@ -246,6 +246,26 @@ def test_measure_finds_the_network_and_the_node_link(tmp_path: Path) -> None:
 
 
 @needs_netns
+@pytest.mark.parametrize("per_node", [2, 3])
+def test_a_ring_across_nodes_links_the_edges_within_a_node(per_node: int) -> None:
+    """2 nodes: the engine's edges within a node go through shared-memory links, those
+    between nodes as MPI messages; results match float64, MPI's Allreduce and the
+    compressed error bounds, bitwise equal on every rank. With 3 ranks a node, the
+    middle one has links on both sides (it sleeps on their doorbell)."""
+    env = {**mpi_env(), "PIPESGD_SHM_LINKS": "1"}
+    with netem.emulated_network(np=2 * per_node, rate="1gbit", nodes=2) as net:
+        checks = [(SCRIPTS / "engine_mixed_ring.py", str(per_node))]
+        if per_node == 2:
+            checks.append((SCRIPTS / "compressed_allreduce.py", "65536"))
+        for script, arg in checks:
+            run = net.run([sys.executable, str(script), arg], capture_output=True,
+                          timeout=240, env=env, cwd=ROOT)
+            assert run.returncode == 0, f"{script.name} failed:\n{run.output}"
+            if script.name == "engine_mixed_ring.py":
+                assert "bitwise equal on every rank" in run.output, run.output
+
+
+@needs_netns
 def test_failing_command_leaves_nothing() -> None:
     with netem.emulated_network(np=2, rate=RATE) as net:
         assert len(_own_namespaces(net.name)) == 3  # two ranks and the switch

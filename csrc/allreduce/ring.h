@@ -11,11 +11,12 @@
 
 namespace pipesgd {
 
-// How the ring moves its segments, the same on every rank: through the neighbours'
-// shared-memory links, or as MPI messages; cut into segments of `segment_bytes`,
-// `window` of them in flight (transport.h says why each transport has its own).
+// How the ring moves its segments: each edge through a shared-memory link where `links`
+// reaches that neighbour (ring_links.h), as MPI messages otherwise; cut into segments of
+// `segment_bytes`, `window` of them in flight, the same on every rank (transport.h says
+// why each transport has its own).
 struct RingPath {
-  ShmLinks* links = nullptr;  // nullptr: MPI messages
+  ShmLinks* links = nullptr;  // nullptr: MPI messages on both edges
   std::size_t segment_bytes = 0;
   int window = 1;
 };

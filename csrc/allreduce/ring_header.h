@@ -1,0 +1,35 @@
+// The header a ring operation sends its right neighbour ahead of the data: what this
+// rank submitted, so a neighbour that submitted something else is caught before any
+// segment is received into memory sized for another operation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "operation.h"
+
+namespace pipesgd {
+
+struct RingHeader {
+  std::uint64_t magic;
+  std::uint64_t seq;
+  std::uint64_t count;
+  std::int32_t dtype;
+  std::int32_t op;
+  std::int32_t compression;
+  std::int32_t rank;
+  std::uint64_t segment_elems;  // ranks must cut segments alike (segment_bytes)
+};
+
+RingHeader make_ring_header(const Operation& op, int rank, std::size_t segment_elems);
+
+// Whether the left neighbour's header describes the same operation as this rank's.
+bool ring_headers_match(const RingHeader& mine, const RingHeader& theirs);
+
+// The error every rank reports when rank `rank`'s left neighbour `left` submitted
+// `theirs` (nullptr: what arrived was no header) against its own `mine`.
+std::string ring_mismatch_message(const RingHeader& mine, const RingHeader* theirs, int rank,
+                                  int left);
+
+}  // namespace pipesgd
