@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,11 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
         nodes = f"_nodes{args.nodes}" if args.nodes else ""
         rank_argv += ["--tag", f"netem_{args.netem}{nodes}"]
     netem = Path(__file__).resolve().parent / "netem.py"
+    env = dict(os.environ)
+    if args.nodes:
+        # The emulator keeps Open MPI off shared memory; the engine's links on the
+        # edges within a node must be asked for.
+        env.setdefault("PIPESGD_SHM_LINKS", "1")
     cmd = [
         sys.executable,
         str(netem),
@@ -107,7 +113,7 @@ def relaunch_over_netem(args: argparse.Namespace, argv: list[str]) -> int:
         str(Path(__file__).resolve()),
         *rank_argv,
     ]
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=env)
 
 
 def strip_options(argv: list[str], names: tuple[str, ...]) -> list[str]:

@@ -70,7 +70,7 @@ def test_path_tuner_under_sanitizers(sanitized_build: Path) -> None:
     assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3])
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_ring_under_sanitizers(sanitized_build: Path, np_: int) -> None:
     # MPI's own allocations are not ours to judge: leak detection is off.
     out = run_mpi(np_, sanitized_build / "test_ring", timeout=300, env=SAN_ENV, python=False)
