@@ -128,11 +128,15 @@ class RingRun {
     return wire_ + area_offset_[static_cast<std::size_t>(c)][s];
   }
 
-  // Polls `ready` (which also moves this rank's sends on) until true: on the doorbell of
-  // the shared-memory links when both edges are links, politely otherwise.
+  // Polls `ready` until true, moving this rank's sends on meanwhile (the right neighbour
+  // may be waiting for them): on the doorbell of the shared-memory links when both edges
+  // are links, politely otherwise.
   void wait(const std::function<bool()>& ready, int peer, const char* phase,
             bool teaches_spin = true) {
-    auto moving = [&] { return out_->progress(), ready(); };
+    auto moving = [&] {
+      out_->progress();
+      return ready();
+    };
     if (both_links_ != nullptr) {
       ctx_.wait_on_link(*both_links_, moving, op_, peer, phase);
     } else {

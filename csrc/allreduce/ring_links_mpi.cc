@@ -10,6 +10,13 @@
 namespace pipesgd {
 namespace {
 
+// Whether `request` completed (it is then MPI_REQUEST_NULL); MPI progresses meanwhile.
+bool request_done(MPI_Request& request, int peer) {
+  int done = 0;
+  PSG_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE), peer);
+  return done != 0;
+}
+
 class MpiRingOut final : public RingOut {
  public:
   MpiRingOut(CommContext& ctx, const Operation& op, int right, const RingLayout& layout)
@@ -64,11 +71,7 @@ class MpiRingOut final : public RingOut {
  private:
   static constexpr std::size_t kNone = SIZE_MAX;
 
-  bool test(MPI_Request& request) {
-    int done = 0;
-    PSG_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE), right_);
-    return done != 0;
-  }
+  bool test(MPI_Request& request) { return request_done(request, right_); }
 
   CommContext& ctx_;
   const Operation& op_;
@@ -125,11 +128,7 @@ class MpiRingIn final : public RingIn {
   unsigned char* slot(std::size_t index) const {
     return slots_ + (index % receives_.size()) * slot_bytes_;
   }
-  bool test(MPI_Request& request) {
-    int done = 0;
-    PSG_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE), left_);
-    return done != 0;
-  }
+  bool test(MPI_Request& request) { return request_done(request, left_); }
 
   CommContext& ctx_;
   const Operation& op_;
