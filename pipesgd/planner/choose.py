@@ -8,7 +8,8 @@ ranked by predicted samples/s under a memory budget.
 The three families, each predicted by the model that knows how it runs:
 
 - pipedream: `pipedream()`'s partition and replicas (schedule 1f1b-rr where a stage is
-  replicated), timed by `simulate` on the topology.
+  replicated), its boundaries then moved while `simulate` on the topology predicts a
+  gain (`refine_boundaries`), timed by `simulate`.
 - madpipe: `madpipe()`'s memory-aware partition (only with a budget), run as the runtime
   runs it: 1F1B with each stage keeping its 1F1B* count in flight (the plan's
   `stage_in_flight`), timed by `simulate`. On a hierarchy MadPipe plans one level of all
@@ -58,6 +59,7 @@ FAMILIES = ("data-parallel", "pipedream", "madpipe")  # ties go to the earlier o
 DP_CORES_PER_WORKER = 2  # a worker's compute thread and the engine's comm thread, each on a
 # core of its own: the timing model without contention, as the simulator assumes workers
 TIE = 1e-9
+REFINE_GAIN = 0.01  # a moved boundary must buy this much predicted speed
 
 
 @dataclass(frozen=True)
@@ -297,13 +299,63 @@ def _pipeline(family: str, plan: Plan, run: Callable[[Plan], SimulationResult],
                      simulation=sim, least_memory_bytes=least)
 
 
+def _moved_boundaries(plan: Plan) -> list[Plan]:
+    """The plans one stage boundary away: each moved by one layer either way, every stage
+    keeping a layer and its replicas."""
+    out = []
+    stages = plan.stages
+    for i in range(len(stages) - 1):
+        left, right = stages[i], stages[i + 1]
+        for cut in (left.end - 1, left.end + 1):
+            if left.start < cut < right.end:
+                moved = (*stages[:i], replace(left, end=cut), replace(right, start=cut),
+                         *stages[i + 2:])
+                out.append(plan.replace(stages=moved))
+    return out
+
+
+def refine_boundaries(plan: Plan, run: Callable[[Plan], SimulationResult]) -> Plan:
+    """PipeDream's DP balances its own cost (compute, 2a/B per boundary); the simulator
+    counts more of what the runtime does (a payload moving once its receiver asks, eager
+    bytes, shared cores). From the DP's partition, walk to the plan a boundary away that
+    the simulation predicts fastest, also sideways (a bottleneck stage's neighbours may
+    have to move before it can shrink), never back, for at most two steps per layer; the
+    result is the first plan of the walk at least REFINE_GAIN faster than any before it.
+    Stages and replicas are kept."""
+    rates: dict[tuple, float] = {}
+
+    def key(p: Plan) -> tuple:
+        return tuple((st.start, st.end) for st in p.stages)
+
+    def rate(p: Plan) -> float:
+        if key(p) not in rates:
+            rates[key(p)] = run(p).samples_per_s
+        return rates[key(p)]
+
+    best = current = plan
+    best_rate = current_rate = rate(plan)
+    seen = {key(plan)}
+    for _ in range(2 * plan.num_layers):
+        moves = [m for m in _moved_boundaries(current) if key(m) not in seen]
+        if not moves:
+            break
+        step = max(moves, key=rate)
+        if rate(step) < current_rate * (1 - TIE):
+            break  # every move is downhill
+        current, current_rate = step, rate(step)
+        seen.add(key(step))
+        if current_rate > best_rate * (1 + REFINE_GAIN):
+            best, best_rate = current, current_rate
+    return best
+
+
 def _pipedream(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int,
                steps: int, run: Callable[[Plan], SimulationResult],
                budget: float | None) -> Candidate:
     result = pipedream(at_batch(profile, micro_batch), topo)
     replicated = any(s.replicas > 1 for s in result.stages)
     plan = to_plan(result, "1f1b-rr" if replicated else "1f1b", micro_batch)
-    plan = plan.replace(micro_batches_per_step=steps)
+    plan = refine_boundaries(plan.replace(micro_batches_per_step=steps), run)
     return _pipeline("pipedream", plan, run, budget, topo.num_workers)
 
 
@@ -432,4 +484,5 @@ __all__ = [
     "data_parallel_network",
     "data_parallel_profile",
     "format_bytes",
+    "refine_boundaries",
 ]
