@@ -75,15 +75,15 @@ RingTransport describe_ring_transport(MPI_Comm comm) {
   PSG_MPI_CHECK(MPI_Comm_rank(host, &node_rank), -1);
   MPI_Comm node = split_by_network_namespace(host);
   MPI_Group all = MPI_GROUP_NULL, local = MPI_GROUP_NULL;
-  MPI_Comm_group(comm, &all);
-  MPI_Comm_group(node, &local);
+  PSG_MPI_CHECK(MPI_Comm_group(comm, &all), -1);
+  PSG_MPI_CHECK(MPI_Comm_group(node, &local), -1);
   const int neighbours[2] = {(rank + size - 1) % size, (rank + 1) % size};
   int translated[2] = {MPI_UNDEFINED, MPI_UNDEFINED};
-  MPI_Group_translate_ranks(all, 2, neighbours, local, translated);
-  MPI_Group_free(&all);
-  MPI_Group_free(&local);
-  MPI_Comm_free(&node);
-  MPI_Comm_free(&host);
+  PSG_MPI_CHECK(MPI_Group_translate_ranks(all, 2, neighbours, local, translated), -1);
+  PSG_MPI_CHECK(MPI_Group_free(&all), -1);
+  PSG_MPI_CHECK(MPI_Group_free(&local), -1);
+  PSG_MPI_CHECK(MPI_Comm_free(&node), -1);
+  PSG_MPI_CHECK(MPI_Comm_free(&host), -1);
   // One decision for the whole ring, so every rank cuts segments alike: shared memory
   // and a core per rank only if every rank says so, and the smallest L2 (an unknown
   // one counts as the largest possible).
