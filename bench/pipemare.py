@@ -3,11 +3,11 @@
     .venv/bin/python bench/pipemare.py                 # MLP and CNN on digits, 4 stages
 
 Every variant trains the same model through `pipesgd pipeline` on 4 ranks, in rounds
-that run each variant once (a new `mpirun` each) from the round's seed (round r: seed r,
-which draws the weights, the data order and the held-out split alike for every variant).
-Accuracy is the last epoch's on the held-out digits, averaged over the rounds' seeds;
-samples/s is the median over rounds, and speed ratios are taken within a round, then
-their median. The run's JSON gives accuracy, samples/s and the memory each stage held:
+that run each variant once (a new `mpirun` each; every other round in reverse order)
+from the round's seed (round r: seed r, which draws the weights, the data order and the
+held-out split alike for every variant). Accuracy is the last epoch's on the held-out
+digits, averaged over the rounds' seeds; samples/s is the median over rounds, and speed
+ratios are taken within a round, then their median. The run's JSON gives accuracy, samples/s and the memory each stage held:
 
     gpipe           synchronous (flush every 4 micro-batches)
     1f1b            PipeDream's weight stashing, a step per micro-batch
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         t1_steps = max(1, round(args.t1_fraction * epochs * train_samples() / MICRO_BATCH))
         reports: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.repeats):
-            for name in names:
+            # every other round backwards, so a drift along a round favours no variant
+            for name in names if r % 2 == 0 else names[::-1]:
                 flags = [f.format(k=t1_steps) for f in VARIANTS[name]]
                 reports[name].append(run_variant(model, flags, epochs, lr, args.ranks,
                                                  seed=r))
