@@ -7,7 +7,8 @@ that run each variant once (a new `mpirun` each; every other round in reverse or
 from the round's seed (round r: seed r, which draws the weights, the data order and the
 held-out split alike for every variant). Accuracy is the last epoch's on the held-out
 digits, averaged over the rounds' seeds; samples/s is the median over rounds, and speed
-ratios are taken within a round, then their median. The run's JSON gives accuracy, samples/s and the memory each stage held:
+ratios are taken within a round, then their median. The run's JSON gives accuracy,
+samples/s and the memory each stage held:
 
     gpipe           synchronous (flush every 4 micro-batches)
     1f1b            PipeDream's weight stashing, a step per micro-batch
