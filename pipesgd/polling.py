@@ -46,20 +46,26 @@ def wait_politely(requests: MPI.Request | Sequence[MPI.Request],
     memory: test without pause for `polling.spin_s`, then test and sleep `polling.poll_s`
     (None: from the environment).
     """
-    polling = Polling.from_env() if polling is None else polling
     if isinstance(requests, MPI.Request):
-        test = requests.Test
+        wait_until(requests.Test, polling)
     else:
         pending = list(requests)
+        wait_until(lambda: MPI.Request.Testall(pending), polling)
 
-        def test() -> bool:
-            return MPI.Request.Testall(pending)
 
-    spin, poll = polling.spin_s, polling.poll_s
-    deadline = time.perf_counter() + spin
+def wait_until(test: Callable[[], bool], polling: Polling | None = None,
+               timeout_s: float | None = None) -> bool:
+    """Call `test` (which may drive MPI: a request's Test, an Iprobe) as `wait_politely`
+    does until it returns True; False if `timeout_s` passed first."""
+    polling = Polling.from_env() if polling is None else polling
+    start = time.perf_counter()
     while not test():
-        if time.perf_counter() > deadline:
-            time.sleep(poll)
+        now = time.perf_counter()
+        if timeout_s is not None and now - start > timeout_s:
+            return False
+        if now - start > polling.spin_s:
+            time.sleep(polling.poll_s)
+    return True
 
 
 def notice_delay_s(polling: Polling | None = None, samples: int = 40) -> float:

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipesgd.polling import idle_barrier, wait_politely, wait_until
+
 if TYPE_CHECKING:
     from .runtime import Pipeline
 
@@ -59,6 +61,7 @@ def evaluate(pipe: Pipeline, inputs: Tensor, labels: Tensor,
         totals = np.zeros(3)  # loss sum, correct, samples
         if pipe.replica == 0:
             _forward_all(pipe, comm, inputs, labels, batch, totals)
+        idle_barrier(comm)  # ranks done early leave the cores to those still computing
         loss_sum, correct, seen = comm.allreduce(totals)  # elementwise
     finally:
         comm.Free()
@@ -74,20 +77,27 @@ def _forward_all(pipe: Pipeline, comm, inputs: Tensor, labels: Tensor, batch: in
     module, device = pipe.stage.module, pipe.stage.grad_sum.device
     was_training = module.training
     module.eval()
+    sent = None  # the previous batch's send: its buffer lives until it completes
     try:
         with torch.no_grad():
             for start in range(0, len(inputs), batch):
                 if before is None:
                     x = inputs[start:start + batch]
                 else:
+                    # MPI's blocking receive spins: wait as the stages do, then take it
+                    wait_until(lambda: comm.Iprobe(source=before))
                     x = torch.from_numpy(comm.recv(source=before))
                 out = module(x.to(device))
                 if after is not None:
-                    comm.send(out.cpu().numpy(), dest=after)
+                    if sent is not None:
+                        wait_politely(sent)
+                    sent = comm.isend(out.cpu().numpy(), dest=after)
                     continue
                 y = labels[start:start + batch].to(device)
                 totals[0] += float(pipe.stage.loss_fn(out, y)) * len(y)
                 totals[1] += int((out.argmax(dim=1) == y).sum())
                 totals[2] += len(y)
+        if sent is not None:
+            wait_politely(sent)
     finally:
         module.train(was_training)

@@ -436,15 +436,16 @@ def _sends_before_receive(comm: Any, nbytes: int, peer: int) -> bool:
     posted its receive (collective; the answer on every rank)."""
     import numpy as np
 
+    from pipesgd.polling import Polling, wait_until
+
     buf = np.zeros(max(nbytes, 1), dtype=np.uint8)[:nbytes]
     rank = comm.Get_rank()
     comm.Barrier()
     done = False
     if rank == 0:
         request = comm.Isend(buf, dest=peer, tag=_EAGER_TAG)
-        deadline = time.perf_counter() + 0.75 * _EAGER_WAIT_S
-        while not (done := bool(request.Test())) and time.perf_counter() < deadline:
-            time.sleep(1e-4)
+        done = wait_until(request.Test, Polling(spin_s=0.0, poll_s=1e-4),
+                          timeout_s=0.75 * _EAGER_WAIT_S)
         request.Wait()
     elif rank == peer:
         time.sleep(_EAGER_WAIT_S)
