@@ -158,9 +158,15 @@ class GradientBuckets:
         ]
 
     def param_views(self, set_index: int) -> list[Tensor]:
-        """Every parameter's gradient-shaped view into set `set_index`, by parameter index."""
+        """Every parameter's gradient-shaped place in set `set_index`, by parameter index,
+        to lend out as its `.grad`.
+
+        Each is an alias of the buffer's memory with a version counter of its own (a view
+        would share the buffer's), so `_version` tells whether anything, such as backward
+        accumulating into it, wrote that one gradient since a given moment.
+        """
         views = dict(pair for b in range(self.num_buckets) for pair in self.views(set_index, b))
-        return [views[i] for i in range(len(self.params))]
+        return [_alias(views[i]) for i in range(len(self.params))]
 
     def missing_grads(self, bucket: int | None = None) -> list[int]:
         """Indices of parameters (of one bucket, or all) whose `.grad` is None."""
@@ -215,6 +221,12 @@ def dense_strides(tensor: Tensor) -> tuple[int, ...]:
     order (contiguous, channels_last, a transpose), else the row-major strides of its shape:
     torch's `preserve_format` rule, read off a tensor on the meta device (no memory)."""
     return tuple(torch.empty_like(tensor, device="meta").stride())
+
+
+def _alias(view: Tensor) -> Tensor:
+    """`view`'s memory, seen the same way, as a tensor that is no autograd view of it."""
+    return torch.empty(0, dtype=view.dtype, device=view.device).set_(
+        view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
 
 
 def is_view(tensor: Tensor, view: Tensor) -> bool:

@@ -17,6 +17,9 @@ Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated o
 With overlap="sequential" the buckets are the gradients (as DDP's gradient_as_bucket_view):
 `zero_grad()` points every `.grad` at its zeroed view of the set the next backward fills,
 and `step()` points them at the set being applied, so no gradient is copied in or out.
+No Python runs per parameter during backward then: a lent gradient that nothing wrote
+since it was lent (its version counter, `GradientBuckets.param_views`) is a missing one,
+told apart from a zero gradient without a hook.
 """
 
 from __future__ import annotations
@@ -150,16 +153,19 @@ class DistributedOptimizer:
         self._current: list[Handle | None] | None = None  # backward mode: this iteration
         self._next_bucket = 0
         self._remaining: list[int] = []
-        self._seen = [False] * len(self.params)  # gradient accumulated this iteration
+        self._seen = [False] * len(self.params)  # overlap="backward": accumulated this step
         self._hooks: list[Any] = []
-        # [set][parameter]: gradients lent out as views of the buckets (sequential only).
+        # [set][parameter]: gradients lent out as views of the buckets (sequential only),
+        # and each one's version counter when it was last lent.
         self._grad_views: list[list[Tensor]] = []
+        self._lent_versions: list[list[int]] = []
         if overlap == "backward":
             self._reset_backward_state()
+            for index, p in enumerate(self.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
         else:
             self._grad_views = [self.buckets.param_views(s) for s in range(staleness)]
-        for index, p in enumerate(self.params):
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(index)))
+            self._lent_versions = [[v._version for v in views] for views in self._grad_views]
 
     # The delay schedule is the one source of these settings.
     @property
@@ -207,8 +213,7 @@ class DistributedOptimizer:
         fill = self._iteration % self.staleness  # never in flight: see step()
         for flat in self.buckets.buffers[fill]:
             flat.zero_()
-        for p, view in zip(self.params, self._grad_views[fill], strict=True):
-            p.grad = view
+        self._lend(fill)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise NotImplementedError(
@@ -252,8 +257,7 @@ class DistributedOptimizer:
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.
-                for p, view in zip(self.params, self._grad_views[applied], strict=True):
-                    p.grad = view
+                self._lend(applied)
             else:
                 for bucket in range(self.buckets.num_buckets):
                     self.buckets.unpack(applied, bucket)
@@ -268,8 +272,6 @@ class DistributedOptimizer:
         self._iteration = t + 1
         if self.overlap == "backward":
             self._reset_backward_state()
-        else:
-            self._seen = [False] * len(self.params)
         self.timing = StepTiming(submitted - start, wait_s, update_s)
         return loss
 
@@ -353,7 +355,8 @@ class DistributedOptimizer:
                                    _InFlight(set_index, [None] * self.buckets.num_buckets))
 
     def remove_hooks(self) -> None:
-        """Detach the backward hooks, e.g. before dropping this optimizer.
+        """Detach the backward hooks (overlap="backward") and stop lending the buckets
+        out as gradients, e.g. before dropping this optimizer.
 
         Later steps copy gradients in and out of the buckets instead of lending them, so
         the `.grad`s that are views of the buckets become copies of them.
@@ -365,6 +368,7 @@ class DistributedOptimizer:
             for i in self._lent(s):
                 self.params[i].grad = self.params[i].grad.clone()
         self._grad_views = []
+        self._lent_versions = []
 
     # -- internals --------------------------------------------------------------------------
 
@@ -422,8 +426,11 @@ class DistributedOptimizer:
             i for b in range(start, self.buckets.num_buckets) for i in self.buckets.missing_grads(b)
         ]
         if self._grad_views:
-            # A zeroed view that backward never reached is a missing gradient too.
-            missing += [i for i in self._lent(set_index) if not self._seen[i]]
+            # A view that nothing wrote since it was lent (backward never reached it) is a
+            # missing gradient too.
+            versions = self._lent_versions[set_index]
+            missing += [i for i in self._lent(set_index)
+                        if self.params[i].grad._version == versions[i]]
         if missing:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
@@ -459,6 +466,13 @@ class DistributedOptimizer:
         for i in self._lent(set_index):
             self.params[i].grad = None
 
+    def _lend(self, set_index: int) -> None:
+        """Point every `.grad` at its view of set `set_index`, noting each view's version."""
+        views = self._grad_views[set_index]
+        for p, view in zip(self.params, views, strict=True):
+            p.grad = view
+        self._lent_versions[set_index] = [view._version for view in views]
+
     def _lent(self, set_index: int) -> list[int]:
         """Indices of the parameters whose `.grad` is their view of set `set_index`."""
         return [
@@ -478,9 +492,6 @@ class DistributedOptimizer:
         return hook
 
     def _on_grad_ready(self, index: int) -> None:
-        if self.overlap == "sequential":
-            self._seen[index] = True  # accumulating over several backwards is fine here
-            return
         if self._seen[index]:
             raise PipesgdError(
                 f"the gradient of {self.names[index]!r} was accumulated twice before step(): "

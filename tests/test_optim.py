@@ -277,6 +277,20 @@ def test_unused_parameter_is_missing_although_its_gradient_is_a_zeroed_view(engi
         opt.step()
 
 
+def test_sequential_overlap_runs_no_python_per_parameter_in_backward(engine) -> None:
+    """Missing gradients are found from the lent views' version counters, not hooks."""
+    model = make_model()
+    opt = DistributedOptimizer(sgd(model), model.named_parameters(), staleness=2,
+                               engine=engine)
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    assert all(not p._backward_hooks for p in model.parameters())
+    for t in range(3):  # a reduced gradient lent back by step() counts as lent too
+        opt.zero_grad()
+        backward(model, t)
+        backward(model, t + 10)  # accumulating over two backwards is no missing gradient
+        opt.step()
+
+
 @pytest.mark.parametrize("style", ["model.zero_grad", "assigned", "hooks removed"])
 def test_gradients_outside_the_buckets_give_the_same_training(engine, style: str) -> None:
     """Gradients made elsewhere than in the lent views are copied in: same parameters."""
