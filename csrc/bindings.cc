@@ -6,6 +6,7 @@
 #include <mpi4py/mpi4py.h>
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "engine.h"
 #include "engine_config.h"
 #include "operation.h"
+#include "poller.h"
 
 namespace py = pybind11;
 
@@ -61,6 +63,38 @@ PYBIND11_MODULE(_C, m) {
       "The configuration an engine would start from: the defaults with the five PIPESGD_* "
       "environment variables applied (0 where chosen per transport); ValueError naming a "
       "malformed variable.");
+
+  m.def(
+      "polite_wait",
+      [](const py::function& test, int spin_us, int poll_us, double timeout_s) {
+        if (spin_us < 0 || poll_us < 0) {
+          throw std::invalid_argument("polite_wait: spin_us and poll_us must be >= 0");
+        }
+        struct TimedOut {};
+        Poller poller(spin_us, poll_us, poll_us, /*judge_by_last_test=*/false);
+        poller.note_progress();
+        const auto began = Poller::Clock::now();
+        const auto limit = std::chrono::duration<double>(timeout_s);
+        py::gil_scoped_release unlocked;  // sleeps let the other Python threads run
+        try {
+          poller.until(
+              [&] {
+                py::gil_scoped_acquire locked;
+                return test().cast<bool>();
+              },
+              [&](Poller::Clock::time_point now) {
+                if (timeout_s >= 0 && now - began > limit) throw TimedOut{};
+              },
+              [] { return WaitedPolling::kSleep; }, /*teaches=*/false);
+        } catch (const TimedOut&) {
+          return false;
+        }
+        return true;
+      },
+      py::arg("test"), py::arg("spin_us"), py::arg("poll_us"), py::arg("timeout_s") = -1.0,
+      "Calls test() until it returns True, by the comm thread's rule (csrc/poller.h): "
+      "without pause for spin_us, then sleeping poll_us between calls, the GIL released "
+      "while asleep. False if timeout_s (>= 0) passed first.");
 
   py::enum_<FailureKind>(m, "FailureKind")
       .value("NONE", FailureKind::kNone)

@@ -1,8 +1,5 @@
 #include "comm_context.h"
 
-#include <sched.h>
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,44 +17,17 @@ constexpr int kControlBytes = 4096;
 // Longest sleep on a link's doorbell between checks of the control channel.
 constexpr int kLinkSleepUs = 1000;
 
-// Tells the core this is a spin-wait: a sibling hardware thread gets its execution
-// resources, and leaving the loop does not flush the pipeline.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-void sleep_for_us(int us) {
-  if (us <= 0) return;
-  timespec ts{};
-  ts.tv_sec = us / 1000000;
-  ts.tv_nsec = static_cast<long>(us % 1000000) * 1000L;
-  nanosleep(&ts, nullptr);
-}
-
 }  // namespace
-
-const char* waited_polling_name(WaitedPolling polling) {
-  switch (polling) {
-    case WaitedPolling::kSpin: return "spin";
-    case WaitedPolling::kYield: return "yield";
-    case WaitedPolling::kSleep: break;
-  }
-  return "sleep";
-}
 
 CommContext::CommContext(MPI_Comm comm, const EngineConfig& config, bool shared_memory,
                          bool core_per_rank,
                          std::shared_ptr<const std::atomic<int>> callers_waiting,
                          WaitedPolling while_waited)
-    : comm_(comm), config_(config), shared_memory_(shared_memory), core_per_rank_(core_per_rank),
+    : comm_(comm), config_(config), core_per_rank_(core_per_rank),
       callers_waiting_(std::move(callers_waiting)), while_waited_(while_waited),
       control_buf_(kControlBytes),
-      sleep_us_(config.poll_us),
-      max_sleep_us_(config.poll_us) {
+      poller_(config.spin_us, config.poll_us, config.poll_max_us,
+              /*judge_by_last_test=*/shared_memory) {
   PSG_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), -1);
   PSG_MPI_CHECK(MPI_Comm_rank(comm_, &rank_), -1);
   PSG_MPI_CHECK(MPI_Comm_size(comm_, &size_), -1);
@@ -162,85 +132,41 @@ void CommContext::check_health(Operation& op, int peer, const char* phase,
   }
 }
 
-int CommContext::poll_once(Operation& op, int peer, const char* phase, int sleep_us,
-                           std::chrono::steady_clock::time_point now) {
-  check_health(op, peer, phase, now);
-  if (spinning_pays_ && now - last_progress_ <= std::chrono::microseconds(config_.spin_us)) {
-    return 0;
-  }
-  sleep_for_us(sleep_us);
-  return std::max(sleep_us, 0);
-}
-
-void CommContext::completed(std::chrono::steady_clock::time_point wait_began,
-                            std::chrono::steady_clock::time_point latest_done, bool polled) {
-  const auto now = std::chrono::steady_clock::now();
-  if (polled) {
-    const auto done = shared_memory_ ? latest_done : now;
-    spinning_pays_ = done - wait_began <= std::chrono::microseconds(config_.spin_us);
-  }
-  last_progress_ = now;
-}
-
-template <typename Test>
-void CommContext::poll_until(Test test, Operation& op, int peer, const char* phase,
-                             bool teaches_spin) {
-  op.waiting_on.store(peer);
-  op.phase.store(phase);
-  const auto began = std::chrono::steady_clock::now();
-  auto latest_done = began;  // the last failed test, plus the sleep asked for after it
-  for (bool polled = false, slept = false;; polled = true) {
-    int done = 0;
-    test(&done);
-    if (done) {
-      completed(began, latest_done, polled && teaches_spin);
-      return;
-    }
-    // A header's wait lasts as long as the peer is late: it keeps polling at
-    // poll_us, so the operation starts as soon as the peer does.
-    if (slept && teaches_spin) {
-      sleep_us_ = std::min(2 * sleep_us_, max_sleep_us_);
-    }
-    const auto missed = std::chrono::steady_clock::now();
-    const bool waited = while_waited_ != WaitedPolling::kSleep &&
-                        callers_waiting_->load(std::memory_order_relaxed) > 0;
-    const int asked_us = poll_once(op, peer, phase,
-                                   waited ? 0 : teaches_spin ? sleep_us_ : config_.poll_us, missed);
-    if (waited && while_waited_ == WaitedPolling::kYield) sched_yield();
-    slept = asked_us > 0;
-    latest_done = missed + std::chrono::microseconds(asked_us);
-  }
+WaitedPolling CommContext::idle_mode() const {
+  if (while_waited_ == WaitedPolling::kSleep) return WaitedPolling::kSleep;
+  return callers_waiting_->load(std::memory_order_relaxed) > 0 ? while_waited_
+                                                               : WaitedPolling::kSleep;
 }
 
 void CommContext::wait(MPI_Request& req, Operation& op, int peer, const char* phase,
                        bool teaches_spin) {
-  poll_until([&](int* done) { PSG_MPI_CHECK(MPI_Test(&req, done, MPI_STATUS_IGNORE), peer); },
-             op, peer, phase, teaches_spin);
+  wait_until(
+      [&] {
+        int done = 0;
+        PSG_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE), peer);
+        return done != 0;
+      },
+      op, peer, phase, teaches_spin);
 }
 
 void CommContext::wait_until(const std::function<bool()>& ready, Operation& op, int peer,
                              const char* phase, bool teaches_spin) {
-  poll_until([&](int* done) { *done = ready() ? 1 : 0; }, op, peer, phase, teaches_spin);
+  op.waiting_on.store(peer);
+  op.phase.store(phase);
+  poller_.until(
+      ready, [&](Poller::Clock::time_point now) { check_health(op, peer, phase, now); },
+      [this] { return idle_mode(); }, teaches_spin);
 }
 
 void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& ready,
                                Operation& op, int peer, const char* phase) {
   op.waiting_on.store(peer);
   op.phase.store(phase);
-  const auto spin = std::chrono::microseconds(core_per_rank_ ? config_.spin_us : 0);
-  for (;;) {
-    if (ready()) break;
-    const auto now = std::chrono::steady_clock::now();
-    check_health(op, peer, phase, now);
-    if (now - last_progress_ < spin) {
-      cpu_relax();
-      continue;
-    }
-    // The doorbell wakes it at once; the timeout only bounds how late it notices a
-    // peer's failure report, an abort or a stall.
-    if (links.sleep_unless(ready, kLinkSleepUs)) break;
-  }
-  last_progress_ = std::chrono::steady_clock::now();
+  // The doorbell wakes it at once; the timeout only bounds how late it notices a
+  // peer's failure report, an abort or a stall.
+  poller_.until_woken(
+      ready, [&](Poller::Clock::time_point now) { check_health(op, peer, phase, now); },
+      [&] { return links.sleep_unless(ready, kLinkSleepUs); }, /*spin=*/core_per_rank_);
 }
 
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {

@@ -1,24 +1,6 @@
-// The comm thread's view of MPI: its communicator, polite polling, tags, and the
-// control channel that spreads a failure to every rank.
-//
-// Waiting is polite on purpose: when ranks outnumber cores, a thread spinning
-// in MPI_Wait steals the compute thread's core. Open MPI only progresses inside
-// MPI calls, so while requests are in flight we MPI_Test, then sleep poll_us.
-// For spin_us after a request completes we test without sleeping, as long as
-// the last wait that had to poll ended within spin_us (shared memory: the
-// next segment follows within microseconds). On a slow link a segment takes
-// far longer, and spinning after each completion there added a third or more
-// to the CPU an allreduce takes from the compute threads (16 MiB, p = 2,
-// emulated 1 Gbit/s, bench/allreduce.py's cpu column: quant8 13.7 ms instead
-// of 9.3, uncompressed 35 ms instead of 26, in the same time).
-// There a 60 KiB segment takes 0.5 ms, so most wakes every poll_us found
-// nothing: within an operation the sleep doubles after each empty wake, up to
-// poll_max_us, and later wakes find a segment or two ready (same emulator:
-// uncompressed 28 ms of CPU -> 15, quant8 10 -> 7.5, in the same time). Each
-// operation starts at poll_us again, so small ones keep their latency.
-// Over shared memory, while a thread of the process is blocked waiting for an
-// operation, waits do not nap (WaitedPolling): that thread's core is idle, and each
-// nap adds a descheduled peer's lateness to the operation.
+// The comm thread's view of MPI: its communicator, tags, the control channel that
+// spreads a failure to every rank, and its waits, which poll by the one rule of
+// poller.h and watch for failures, an abort and stalls while they poll.
 #pragma once
 
 #include <mpi.h>
@@ -36,6 +18,7 @@
 
 #include "engine_config.h"
 #include "operation.h"
+#include "poller.h"
 #include "shm_links.h"
 
 namespace pipesgd {
@@ -50,15 +33,6 @@ class OpFailure : public std::runtime_error {
  private:
   FailureKind kind_;
 };
-
-// How the comm thread polls while a thread of its process waits for an operation.
-enum class WaitedPolling : int {
-  kSleep = 0,  // as at any other time
-  kSpin = 1,   // test without pause: the node has a core per rank
-  kYield = 2,  // test, then sched_yield: ranks share cores, and the one this thread
-               // yields to is most likely a peer the ring waits on
-};
-const char* waited_polling_name(WaitedPolling polling);
 
 class CommContext {
  public:
@@ -113,18 +87,13 @@ class CommContext {
   void check_control(const Operation& op);
 
   // A new operation starts: its first messages usually arrive at once.
-  void note_progress() {
-    last_progress_ = std::chrono::steady_clock::now();
-    sleep_us_ = max_sleep_us_ = config_.poll_us;
-  }
+  void note_progress() { poller_.note_progress(); }
   // The operation streams: each ring step moves several segments, which arrive
   // at the link's pace, so its waits may sleep up to poll_max_us and a wake
   // finds one or two ready. Otherwise a segment arrives when the peer gets to
   // it, and a longer sleep is only latency (256 KiB quant8 at p = 4 on 2 cores,
   // one segment per step: 1.3 -> 2-2.8 ms).
-  void set_streaming(bool streaming) {
-    max_sleep_us_ = streaming ? config_.poll_max_us : config_.poll_us;
-  }
+  void set_streaming(bool streaming) { poller_.set_streaming(streaming); }
 
   // Requested by the engine at shutdown: makes the current wait fail.
   void request_abort(const std::string& reason);
@@ -139,22 +108,8 @@ class CommContext {
   // Throws if a peer reported a failure or abort() was called; warns once of a stall.
   void check_health(Operation& op, int peer, const char* phase,
                     std::chrono::steady_clock::time_point now);
-  // Checks health, then sleeps unless spinning pays; returns the
-  // microseconds it asked to sleep (0: it did not). `now`: when the last test failed.
-  int poll_once(Operation& op, int peer, const char* phase, int sleep_us,
-                std::chrono::steady_clock::time_point now);
-  // Over shared memory a wait that polled is judged by `latest_done`, when the request
-  // had completed at the latest not counting how far the last sleep overran: on a busy VM
-  // nanosleep(50 us) can take 200 us, and judging by the wall clock taught "do not
-  // spin", so the next sleeps overran too: at p = 2 one 8 MiB allreduce run in seven
-  // took twice as long (bench/allreduce.py).
-  // Over a network the wall clock is the link's pace, and judging as before spends
-  // 15-27 % less CPU per operation (bench/allreduce.py --netem, cpu column).
-  void completed(std::chrono::steady_clock::time_point wait_began,
-                 std::chrono::steady_clock::time_point latest_done, bool polled);
-  // Calls test(&done) (an MPI_Test* that throws on error) until done, sleeping politely.
-  template <typename Test>
-  void poll_until(Test test, Operation& op, int peer, const char* phase, bool teaches_spin);
+  // How this wait polls while `callers_waiting_` says a thread of the process waits.
+  WaitedPolling idle_mode() const;
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -162,7 +117,6 @@ class CommContext {
   int tag_period_ = 1;
   int tags_per_op_ = 3;
   EngineConfig config_;
-  bool shared_memory_;
   bool core_per_rank_;
   std::shared_ptr<const std::atomic<int>> callers_waiting_;
   WaitedPolling while_waited_;
@@ -176,10 +130,7 @@ class CommContext {
   std::atomic<bool> abort_requested_{false};
   std::mutex abort_mutex_;
   std::string abort_reason_;
-  std::chrono::steady_clock::time_point last_progress_{};
-  bool spinning_pays_ = true;  // the last wait that polled ended within spin_us
-  int sleep_us_;                // this operation's poll sleep, poll_us .. max_sleep_us_
-  int max_sleep_us_;            // poll_max_us for streaming operations, else poll_us
+  Poller poller_;
   bool stall_warned_ = false;
   std::uint64_t stall_seq_ = UINT64_MAX;
 };

@@ -69,7 +69,7 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
                                                         : message_path_.segment_bytes;
   // Polling harder while the caller waits pays over shared memory, where a segment
   // follows within microseconds. Over a network the link sets the pace and polite
-  // polling already keeps up (comm_context.h).
+  // polling already keeps up (poller.h).
   WaitedPolling while_waited = WaitedPolling::kSleep;
   if (config_.poll_while_waited != 0 && shared_memory) {
     while_waited = transport.core_per_rank ? WaitedPolling::kSpin : WaitedPolling::kYield;

@@ -19,7 +19,7 @@ struct EngineOptions {
   int comm_slice_us = 100;
   // Within one operation the comm thread's sleep between tests doubles after each wake
   // that found nothing, up to this: on a slow link a wake then finds a segment or two
-  // ready instead of none (comm_context.h). Every operation starts again at poll_us.
+  // ready instead of none (poller.h). Every operation starts again at poll_us.
   int poll_max_us = 200;
   // While a thread of this process is blocked waiting for an operation, poll without
   // sleeping: spin if the node has a core per rank (the waiter's core is idle, and naps

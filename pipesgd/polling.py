@@ -2,10 +2,11 @@
 
 MPI's own Wait spins, which takes a core from the ranks that compute when ranks share
 cores; over TCP, Open MPI moves data only inside MPI calls, so a spinning rank also
-holds up the peers whose transfers it waits for. These waits test, then sleep, as the
-engine's comm thread does (csrc/comm_context.h). Used by the pipeline's point-to-point
-exchange and by the network measurements of `pipesgd.timing`; `decided_on_root` lets
-rank 0 work (profile, choose) while the others sleep.
+holds up the peers whose transfers it waits for. These waits test, then sleep, by the
+comm thread's own rule and loop (csrc/poller.h, through the binding). Used by the
+pipeline's point-to-point exchange and by the network measurements of
+`pipesgd.timing`; `decided_on_root` lets rank 0 work (profile, choose) while the others
+sleep.
 """
 
 from __future__ import annotations
@@ -56,16 +57,13 @@ def wait_politely(requests: MPI.Request | Sequence[MPI.Request],
 def wait_until(test: Callable[[], bool], polling: Polling | None = None,
                timeout_s: float | None = None) -> bool:
     """Call `test` (which may drive MPI: a request's Test, an Iprobe) as `wait_politely`
-    does until it returns True; False if `timeout_s` passed first."""
+    does until it returns True; False if `timeout_s` passed first. The loop is the comm
+    thread's own (`csrc/poller.h`), run through the binding."""
+    from pipesgd import _C
+
     polling = Polling.from_env() if polling is None else polling
-    start = time.perf_counter()
-    while not test():
-        now = time.perf_counter()
-        if timeout_s is not None and now - start > timeout_s:
-            return False
-        if now - start > polling.spin_s:
-            time.sleep(polling.poll_s)
-    return True
+    return _C.polite_wait(test, round(polling.spin_s * 1e6), round(polling.poll_s * 1e6),
+                          -1.0 if timeout_s is None else timeout_s)
 
 
 def notice_delay_s(polling: Polling | None = None, samples: int = 40) -> float:

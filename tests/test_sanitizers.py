@@ -70,6 +70,11 @@ def test_path_tuner_under_sanitizers(sanitized_build: Path) -> None:
     assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
 
 
+def test_poller_under_sanitizers(sanitized_build: Path) -> None:
+    result = run_selftest(sanitized_build, "test_poller", timeout=60)
+    assert result.returncode == 0 and "0 failures" in result.stdout, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_ring_under_sanitizers(sanitized_build: Path, np_: int) -> None:
     # MPI's own allocations are not ours to judge: leak detection is off.
