@@ -166,7 +166,8 @@ void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& rea
   // peer's failure report, an abort or a stall.
   poller_.until_woken(
       ready, [&](Poller::Clock::time_point now) { check_health(op, peer, phase, now); },
-      [&] { return links.sleep_unless(ready, kLinkSleepUs); }, /*spin=*/core_per_rank_);
+      [this] { return idle_mode(); }, [&] { return links.sleep_unless(ready, kLinkSleepUs); },
+      /*spin=*/core_per_rank_);
 }
 
 void CommContext::release_requests(std::vector<MPI_Request>& reqs, bool cancel) {

@@ -72,10 +72,11 @@ class CommContext {
   void wait_until(const std::function<bool()>& ready, Operation& op, int peer,
                   const char* phase, bool teaches_spin = true);
   // Waits until `ready` returns true; `ready` may make progress itself (copy out what
-  // the right neighbour has room for). Tests without pause for spin_us after the last
-  // progress when every rank has a core, then sleeps on the link's doorbell, which a
-  // neighbour rings when it publishes or frees a slot (shm_links.h). Never a timed
-  // nap: a nap adds the neighbour's lateness, a spin takes its CPU time.
+  // the right neighbour has room for). For spin_us after the last progress it tests
+  // without pause when every rank has a core, or tests and yields when ranks share
+  // cores and a thread of the process waits; then it sleeps on the link's doorbell,
+  // which a neighbour rings when it publishes or frees a slot (shm_links.h). Never a
+  // timed nap: a nap adds the neighbour's lateness, a spin takes its CPU time.
   void wait_on_link(ShmLinks& links, const std::function<bool()>& ready, Operation& op,
                     int peer, const char* phase);
 

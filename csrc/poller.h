@@ -103,20 +103,30 @@ class Poller {
     }
   }
 
-  // Tests `ready()` until true; spins while progress is recent (if `spin`), else calls
-  // `doze()`, which sleeps until woken or a timeout and says whether ready() holds. After
-  // each failed test calls `check(now)`. Never a timed nap: on a push link a nap adds the
-  // neighbour's lateness, a spin takes its CPU time.
-  template <typename Ready, typename Check, typename Doze>
-  void until_woken(Ready ready, Check check, Doze doze, bool spin) {
-    const auto window = spin ? spin_ : std::chrono::microseconds(0);
+  // Tests `ready()` until true, calling `check(now)` after each failed test. While
+  // progress is recent (within spin_us) it spins if `spin` (every rank has a core), or
+  // yields if `mode()` says kYield (ranks share cores and a thread of the process waits:
+  // the thread it yields to is most likely a peer whose segment it waits for; sleeping
+  // instead cost each ring step a wake-up, and 4 ranks on 2 cores ran 64 KiB at half
+  // MPI's speed). Otherwise it calls `doze()`, which sleeps until woken or a timeout and
+  // says whether ready() holds. Never a timed nap: on a push link a nap adds the
+  // neighbour's lateness, and it never spins or yields for long: that takes the CPU time
+  // of a neighbour that is late.
+  template <typename Ready, typename Check, typename Mode, typename Doze>
+  void until_woken(Ready ready, Check check, Mode mode, Doze doze, bool spin) {
     for (;;) {
       if (ready()) break;
       const auto now = Clock::now();
       check(now);
-      if (now - last_progress_ < window) {
-        cpu_relax();
-        continue;
+      if (now - last_progress_ < spin_) {
+        if (spin) {
+          cpu_relax();
+          continue;
+        }
+        if (mode() == WaitedPolling::kYield) {
+          sched_yield();
+          continue;
+        }
       }
       if (doze()) break;
     }

@@ -108,21 +108,34 @@ void a_check_that_throws_ends_the_wait() {
   EXPECT(thrown && checks == 3, "the check's exception leaves the wait");
 }
 
-void woken_waits_spin_then_doze() {
+void woken_waits_spin_or_yield_then_doze() {
   Poller poller(/*spin_us=*/5'000'000, 1'000, 1'000, true);
+  const auto sleep = [] { return WaitedPolling::kSleep; };
+  const auto yield = [] { return WaitedPolling::kYield; };
+  const auto none = [](Clock::time_point) {};
   poller.note_progress();
   int dozes = 0;
   int calls = 0;
-  poller.until_woken([&] { return ++calls == 100; }, [](Clock::time_point) {},
+  poller.until_woken([&] { return ++calls == 100; }, none, sleep,
                      [&] { ++dozes; return false; }, /*spin=*/true);
-  EXPECT(dozes == 0, "within spin_us of progress a woken wait spins");
+  EXPECT(dozes == 0, "within spin_us of progress a woken wait with a core spins");
   calls = 0;
-  poller.until_woken([&] { return ++calls == 3; }, [](Clock::time_point) {},
+  poller.until_woken([&] { return ++calls == 100; }, none, yield,
                      [&] { ++dozes; return false; }, /*spin=*/false);
-  EXPECT(dozes == 2, "without spin every failed test dozes");
-  poller.until_woken([] { return false; }, [](Clock::time_point) {},
-                     [&] { return ++dozes == 5; }, false);
+  EXPECT(dozes == 0, "ranks sharing cores, a thread waiting: it yields within spin_us");
+  calls = 0;
+  poller.until_woken([&] { return ++calls == 3; }, none, sleep,
+                     [&] { ++dozes; return false; }, /*spin=*/false);
+  EXPECT(dozes == 2, "ranks sharing cores, nobody waiting: every failed test dozes");
+  poller.until_woken([] { return false; }, none, sleep, [&] { return ++dozes == 5; }, false);
   EXPECT(dozes == 5, "a doze that finds the event ready ends the wait");
+
+  Poller late(/*spin_us=*/0, 1'000, 1'000, true);
+  late.note_progress();
+  calls = dozes = 0;
+  late.until_woken([&] { return ++calls == 3; }, none, yield,
+                   [&] { ++dozes; return false; }, /*spin=*/false);
+  EXPECT(dozes == 2, "past spin_us it dozes even while a thread waits");
 }
 
 }  // namespace
@@ -134,7 +147,7 @@ int main() {
   a_late_peer_does_not_back_off();
   a_waiting_thread_stops_the_sleeps();
   a_check_that_throws_ends_the_wait();
-  woken_waits_spin_then_doze();
+  woken_waits_spin_or_yield_then_doze();
   std::printf("poller: %d failures\n", failures);
   return failures == 0 ? 0 : 1;
 }
