@@ -3,21 +3,12 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "expect.h"
 #include "path_tuner.h"
 
 using namespace pipesgd;
 
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, what)                                              \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, what); \
-      ++failures;                                                       \
-    }                                                                   \
-  } while (0)
 
 constexpr std::size_t kMiB = 1u << 20;
 constexpr RingPathKind L = RingPathKind::kLinks;
@@ -86,6 +77,6 @@ int main() {
     tied.decide(24, {1.0, 1.0, 1.0, 1.0});
     EXPECT(tied.choose(16 * kMiB, false).path == L, "a tie keeps the links");
   }
-  std::printf("test_path_tuner: %d failures\n", failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("test_path_tuner: %d failures\n", selftest::failures);
+  return selftest::failures == 0 ? 0 : 1;
 }

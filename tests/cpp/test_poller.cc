@@ -6,21 +6,12 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "expect.h"
 #include "poller.h"
 
 using namespace pipesgd;
 
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, what)                                                  \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "FAILED %s:%d: %s\n", __FILE__, __LINE__, what); \
-      ++failures;                                                           \
-    }                                                                       \
-  } while (0)
 
 using Clock = Poller::Clock;
 
@@ -148,6 +139,6 @@ int main() {
   a_waiting_thread_stops_the_sleeps();
   a_check_that_throws_ends_the_wait();
   woken_waits_spin_or_yield_then_doze();
-  std::printf("poller: %d failures\n", failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("poller: %d failures\n", selftest::failures);
+  return selftest::failures == 0 ? 0 : 1;
 }
