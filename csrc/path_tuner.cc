@@ -36,7 +36,13 @@ PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
 bool PathTuner::record(const Choice& choice, double seconds) {
   if (choice.size_class < 0) return false;
   ClassState& s = classes_[choice.size_class];
-  if (s.decided) return false;
+  if (s.decided) {
+    if (++s.since_decided == kRetuneEvery) {  // every rank counts the same operations
+      s.decided = false;
+      s.trials = 0;
+    }
+    return false;
+  }
   if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - 2 * kWarmupsPerPath)] = seconds;
   return ++s.trials == kTrials;
 }
@@ -52,14 +58,15 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
     total[static_cast<int>(timed_path(j))] += shortest_over_ranks[static_cast<std::size_t>(j)];
   }
   ClassState& s = classes_[size_class];
-  s.decided = true;
+  s.decided = s.ever_decided = true;
+  s.since_decided = 0;
   s.path = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
 }
 
 std::map<std::size_t, RingPathKind> PathTuner::decided() const {
   std::map<std::size_t, RingPathKind> out;
   for (const auto& [k, state] : classes_) {
-    if (state.decided) out[std::size_t{1} << k] = state.path;
+    if (state.ever_decided) out[std::size_t{1} << k] = state.path;
   }
   return out;
 }

@@ -18,7 +18,12 @@
 // shortest over the ranks: ranks reach an operation at different times (compute skew in a
 // training loop), the early ones wait for the late one, and the last to arrive measures
 // the transfer alone. The per-path sums of those decide, alike on every rank, and the
-// class keeps the faster path for good. Everything else takes the links.
+// class keeps the faster path for its next kRetuneEvery operations, then runs its trials
+// again: which path is faster can change under a running process (on a VM, with whether
+// its two virtual CPUs share an L3: docs/engine.md, "Counting launches"), and a decision
+// taken in one state would otherwise hold in the other for the rest of a job. Three of
+// every kRetuneEvery operations on the slower path cost well under 1 %. Everything else
+// takes the links.
 #pragma once
 
 #include <array>
@@ -34,6 +39,7 @@ class PathTuner {
   static constexpr std::size_t kTunedFromBytes = 4u << 20;
   static constexpr int kWarmupsPerPath = 1;
   static constexpr int kTimedPerPath = 2;  // even: see choose()
+  static constexpr int kRetuneEvery = 256;  // operations of a class between its trials
 
   struct Choice {
     RingPathKind path = RingPathKind::kLinks;
@@ -56,14 +62,17 @@ class PathTuner {
   TrialTimes trial_times(int size_class) const;
   void decide(int size_class, const TrialTimes& shortest_over_ranks);
 
-  // The decided classes: 2^k (bytes) and the path kept.
+  // The decided classes: 2^k (bytes) and the path kept (the last decision, while the
+  // class runs its trials again).
   std::map<std::size_t, RingPathKind> decided() const;
 
  private:
   struct ClassState {
-    int trials = 0;  // operations counted so far
+    int trials = 0;  // operations of the current trials counted so far
     TrialTimes seconds{};
-    bool decided = false;
+    bool decided = false;       // the class is between trials
+    bool ever_decided = false;  // `path` holds a decision
+    int since_decided = 0;      // operations since the last decision
     RingPathKind path = RingPathKind::kLinks;
   };
   static constexpr int kTrials = 2 * kWarmupsPerPath + kTimed;

@@ -58,7 +58,7 @@ int main() {
     tuner.decide(22, times);
     const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
     EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
-    EXPECT(!tuner.record(after, 9.0), "a decided class learns nothing more");
+    EXPECT(!tuner.record(after, 9.0), "a decided class learns nothing between its trials");
     EXPECT(tuner.choose(8 * kMiB, false).path == L, "the 8 MiB class starts its own trials");
     const auto decided = tuner.decided();
     EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
@@ -76,6 +76,24 @@ int main() {
     run_trials(tied, 16 * kMiB, 1.0, 1.0);
     tied.decide(24, {1.0, 1.0, 1.0, 1.0});
     EXPECT(tied.choose(16 * kMiB, false).path == L, "a tie keeps the links");
+  }
+  {
+    PathTuner tuner;
+    // The machine changes under the job: messages win the first trials, the links the
+    // ones kRetuneEvery operations later, and the class follows.
+    tuner.decide(24, run_trials(tuner, 16 * kMiB, 2.0, 1.0));
+    for (int i = 1; i < PathTuner::kRetuneEvery; ++i) {
+      const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
+      EXPECT(c.path == M && !c.timed, "between trials the decision holds");
+      EXPECT(!tuner.record(c, 1.0), "and nothing is learnt");
+    }
+    tuner.record(tuner.choose(16 * kMiB, false), 1.0);  // the kRetuneEvery-th
+    EXPECT(tuner.decided().at(16 * kMiB) == M, "while the trials run, the last decision shows");
+    const PathTuner::TrialTimes again = run_trials(tuner, 16 * kMiB, 1.0, 2.0);
+    EXPECT(again[0] == 1.0 && again[1] == 2.0, "the second trials are timed afresh");
+    tuner.decide(24, again);
+    EXPECT(tuner.choose(16 * kMiB, false).path == L, "the class switches to the links");
+    EXPECT(tuner.decided().at(16 * kMiB) == L, "and decided() says so");
   }
   std::printf("test_path_tuner: %d failures\n", selftest::failures);
   return selftest::failures == 0 ? 0 : 1;
