@@ -62,10 +62,12 @@ class StepTiming:
 
 @dataclass
 class _InFlight:
-    """One iteration's gradient: its bucket set and handles (None once reduced)."""
+    """One iteration's gradient: its bucket set, handles (None once reduced) and the loss
+    scale it was computed under (1.0 without a grad scaler)."""
 
     set_index: int
     handles: list[Handle | None]
+    loss_scale: float = 1.0
 
 
 class DistributedOptimizer:
@@ -94,6 +96,12 @@ class DistributedOptimizer:
         engine: the engine to reduce on (default: `pipesgd.init(comm)`).
         comm: communicator of the ranks taking part (default COMM_WORLD); used for the
             construction-time check.
+        grad_scaler: a `torch.amp.GradScaler` whose scaled losses the backward passes
+            use (mixed precision). `step()` then unscales the aggregated gradient it
+            applies by the scale that gradient was computed under, skips it where any
+            rank's gradient had an inf or NaN (its sum does, bitwise alike on every rank),
+            and updates the scaler's scale by its rule, from the applied gradient: call
+            `opt.step()`, not `scaler.step(opt)` and `scaler.update()`.
 
     Raises:
         ValueError: bad staleness, compression, overlap, bucket size or warm-up; a
@@ -101,6 +109,11 @@ class DistributedOptimizer:
         PipesgdError: the ranks disagree on parameters or configuration (the message
             names the first differing parameter or setting and the rank).
     """
+
+    # GradScaler.step() hands the step to an optimizer with this flag rather than
+    # unscaling and maybe skipping it from the local gradients: step() then explains that
+    # the scaler belongs in the constructor (a rank that skipped would stall the others).
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -115,6 +128,7 @@ class DistributedOptimizer:
         *,
         engine: Engine | None = None,
         comm: MPI.Comm | None = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         self.schedule = DelaySchedule(staleness, warmup_steps, ramp_steps)
         if compression not in COMPRESSIONS:
@@ -148,6 +162,9 @@ class DistributedOptimizer:
         _check_across_ranks(self.comm, self._describe())
 
         self.timing = StepTiming()
+        self.grad_scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() \
+            else None
+        self._growth_tracker = 0  # applied finite gradients since the scale last changed
         self._iteration = 0  # the iteration whose gradient the next step() submits
         self._inflight: DelayedQueue[_InFlight] = DelayedQueue(self.schedule)
         self._current: list[Handle | None] | None = None  # backward mode: this iteration
@@ -243,10 +260,20 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if hasattr(self, "grad_scale"):  # set by GradScaler.step(), which then calls this
+            for name in ("grad_scale", "found_inf"):
+                self.__dict__.pop(name, None)
+            raise PipesgdError(
+                "DistributedOptimizer applies its gradients K - 1 steps late, so a GradScaler "
+                "cannot judge them from the local .grad: pass it as "
+                "DistributedOptimizer(..., grad_scaler=scaler) and call opt.step() instead of "
+                "scaler.step(opt) and scaler.update()"
+            )
         t = self._iteration
         set_index = t % self.staleness
         start = time.perf_counter()
-        self._inflight.push(t, _InFlight(set_index, self._submit_all(t, set_index)))
+        loss_scale = 1.0 if self.grad_scaler is None else float(self.grad_scaler.get_scale())
+        self._inflight.push(t, _InFlight(set_index, self._submit_all(t, set_index), loss_scale))
         submitted = time.perf_counter()
         wait_s = update_s = 0.0
         due = self._inflight.pop_due(t)
@@ -254,6 +281,7 @@ class DistributedOptimizer:
             wait_s = self._wait(due)
             begin = time.perf_counter()
             applied = due.item.set_index
+            finite = self._unscale(applied, due.item.loss_scale)
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.
@@ -261,14 +289,15 @@ class DistributedOptimizer:
             else:
                 for bucket in range(self.buckets.num_buckets):
                     self.buckets.unpack(applied, bucket)
-            self._inner_step(self.lr_scale_at(due.iteration))
+            if finite:
+                self._inner_step(self.lr_scale_at(due.iteration))
+            else:
+                self._note_step_skipped()
+            self._update_loss_scale(finite)
             update_s = time.perf_counter() - begin
         else:
             self._lend_no_inflight_gradient(set_index)
-            if hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
-                # An LR scheduler tracks whether the optimizer stepped this iteration; a
-                # step with nothing due still is one, so do not let it warn about the order.
-                self.optimizer._opt_called = True
+            self._note_step_skipped()
         self._iteration = t + 1
         if self.overlap == "backward":
             self._reset_backward_state()
@@ -303,9 +332,11 @@ class DistributedOptimizer:
                         "iteration": e.iteration,
                         "apply_at": e.apply_at,
                         "buckets": [b.clone() for b in self.buckets.buffers[e.item.set_index]],
+                        "loss_scale": e.item.loss_scale,
                     }
                     for e in self._inflight
                 ],
+                "growth_tracker": self._growth_tracker,
             },
         }
 
@@ -352,7 +383,9 @@ class DistributedOptimizer:
                                      strict=True):
                 buffer.copy_(value)
             self._inflight.restore(entry["iteration"], entry["apply_at"],
-                                   _InFlight(set_index, [None] * self.buckets.num_buckets))
+                                   _InFlight(set_index, [None] * self.buckets.num_buckets,
+                                             entry.get("loss_scale", 1.0)))
+        self._growth_tracker = int(saved.get("growth_tracker", 0))
 
     def remove_hooks(self) -> None:
         """Detach the backward hooks (overlap="backward") and stop lending the buckets
@@ -387,6 +420,41 @@ class DistributedOptimizer:
             "layout": self.buckets.layout.describe(),
             "bucket_mb": self.bucket_mb,
         }
+
+    def _note_step_skipped(self) -> None:
+        if hasattr(self.optimizer.step, "_wrapped_by_lr_sched"):
+            # An LR scheduler tracks whether the optimizer stepped this iteration; a step
+            # that applied nothing still is one, so do not let it warn about the order.
+            self.optimizer._opt_called = True
+
+    def _unscale(self, set_index: int, loss_scale: float) -> bool:
+        """With a grad scaler: whether the reduced set `set_index` is finite, and if so
+        divide it by the loss scale it was computed under. Every rank holds the same
+        bits, so every rank decides alike without communicating."""
+        if self.grad_scaler is None:
+            return True
+        buffers = self.buckets.buffers[set_index]
+        if not all(bool(torch.isfinite(b).all()) for b in buffers):
+            return False
+        for b in buffers:
+            b.mul_(1.0 / loss_scale)
+        return True
+
+    def _update_loss_scale(self, finite: bool) -> None:
+        """GradScaler's rule, driven by the gradient just applied (or skipped)."""
+        scaler = self.grad_scaler
+        if scaler is None:
+            return
+        scale = float(scaler.get_scale())
+        if not finite:
+            scale *= scaler.get_backoff_factor()
+            self._growth_tracker = 0
+        else:
+            self._growth_tracker += 1
+            if self._growth_tracker == scaler.get_growth_interval():
+                scale *= scaler.get_growth_factor()
+                self._growth_tracker = 0
+        scaler.update(scale)
 
     def _inner_step(self, lr_scale: float) -> None:
         if lr_scale == 1.0:

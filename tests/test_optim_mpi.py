@@ -30,3 +30,8 @@ def test_errors_across_ranks() -> None:
 def test_broadcast_parameters_and_optimizer_state() -> None:
     out = run_mpi(3, "optim_broadcast.py", timeout=120).stdout
     assert "optim_broadcast: ok on 3 ranks" in out, out
+
+
+def test_mixed_precision_skips_one_ranks_inf_everywhere() -> None:
+    out = run_mpi(3, "optim_amp.py", timeout=120).stdout
+    assert "optim_amp: ok on 3 ranks" in out, out
