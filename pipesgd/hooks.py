@@ -15,6 +15,13 @@ From iteration 1 on, bucket i of iteration t is submitted and the future returns
 i of iteration t - K + 1 (all zeros, with `has_update` False, while there is none yet).
 This is `DistributedOptimizer(..., warmup_steps=1)` exactly: both follow
 `pipesgd.delay.DelaySchedule`.
+
+Mixed precision: give the `GradScaler` to the state (`PipeSGDState(..., grad_scaler=
+scaler)`) and keep `scaler.step(optimizer); scaler.update()` where `optimizer.step()`
+was. A bucket handed back was scaled by the loss scale of its own iteration; the hook
+rescales it to the current one, which `scaler.step` divides by. The scaler's inf check
+then sees the aggregated gradient, the same bits on every rank, so every rank skips the
+same steps and keeps the same scale.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
@@ -37,6 +44,8 @@ class PipeSGDState:
             must hold the same ranks as DDP's process group).
         staleness: K >= 1; 1 = synchronous.
         compression: "none", "trunc16" or "quant8".
+        grad_scaler: the `torch.amp.GradScaler` whose scaled losses the backward passes
+            use, if any (see the module).
 
     Raises:
         ValueError: staleness < 1 or unknown compression.
@@ -46,28 +55,36 @@ class PipeSGDState:
         "buffers",  # bucket index -> K flat buffers, reused round-robin
         "compression",  # engine compression of every bucket
         "engine",  # the pipesgd engine the buckets are reduced on
+        "grad_scaler",  # the GradScaler of the backward passes, or None
         "has_update",  # did the last finished iteration hand back an aggregated gradient?
         "iteration",  # DDP iterations completed (backward passes seen)
-        "queues",  # bucket index -> (buffer, handle) in flight under `schedule`
+        "queues",  # bucket index -> (buffer, handle, loss scale) in flight under `schedule`
         "schedule",  # K, with iteration 0 synchronous (DDP rebuilds its buckets after it)
     )
 
     def __init__(self, engine: Engine | None = None, staleness: int = 2,
-                 compression: str = "none") -> None:
+                 compression: str = "none",
+                 grad_scaler: torch.amp.GradScaler | None = None) -> None:
         self.schedule = DelaySchedule(staleness, warmup_steps=1)
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
         self.engine = init_default_engine() if engine is None else engine
         self.compression = compression
+        self.grad_scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() \
+            else None
         self.iteration = 0
         self.has_update = True
         self.buffers: dict[int, list[Tensor]] = {}
-        self.queues: dict[int, DelayedQueue[tuple[Tensor, Handle]]] = {}
+        self.queues: dict[int, DelayedQueue[tuple[Tensor, Handle, float]]] = {}
 
     @property
     def staleness(self) -> int:
         """K: the gradient of iteration t is applied at iteration t + K - 1."""
         return self.schedule.staleness
+
+    def loss_scale(self) -> float:
+        """The loss scale the current backward runs under (1.0 without a scaler)."""
+        return 1.0 if self.grad_scaler is None else float(self.grad_scaler.get_scale())
 
     def synchronize(self) -> None:
         """Wait for every submitted bucket (e.g. before checkpointing or exiting)."""
@@ -106,12 +123,16 @@ def pipe_sgd_hook(
         slot = state._buffers_for(index, grad)[t % state.staleness]
         slot.copy_(grad)
         queue = state.queues.setdefault(index, DelayedQueue(state.schedule))
-        queue.push(t, (slot, state.engine.allreduce_async(slot, compression=state.compression)))
+        scale = state.loss_scale()
+        handle = state.engine.allreduce_async(slot, compression=state.compression)
+        queue.push(t, (slot, handle, scale))
         due = queue.pop_due(t)
         if due is not None:
-            reduced, handle = due.item
+            reduced, handle, scaled_by = due.item
             handle.wait()
             grad.copy_(reduced)
+            if scaled_by != scale:  # powers of two under GradScaler's defaults: exact
+                grad.mul_(scale / scaled_by)
             state.has_update = True
         else:
             grad.zero_()

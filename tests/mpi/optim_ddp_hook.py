@@ -1,4 +1,5 @@
-"""DDP (gloo) with pipe_sgd_hook == DistributedOptimizer(warmup_steps=1), under mpirun.
+"""DDP (gloo) with pipe_sgd_hook == DistributedOptimizer(warmup_steps=1), under mpirun,
+also with a GradScaler (mixed precision).
 
 Usage: optim_ddp_hook.py
 """
@@ -87,6 +88,73 @@ for staleness, compression in ((2, "none"), (3, "none"), (2, "quant8")):
     for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
         err = (a - b).abs().max().item()
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"K={staleness}: {name} off by {err}"
+
+# Mixed precision: one rank's inf at iteration 3 skips the same step everywhere, and the
+# scale follows the same rule as DistributedOptimizer(grad_scaler=...).
+POISONED = 3
+
+
+def poison(grad: torch.Tensor) -> torch.Tensor:
+    grad = grad.clone()
+    grad[0, 0] = float("inf")
+    return grad
+
+
+def amp_backward(model: nn.Module, ddp_or_model: nn.Module, scaler, t: int) -> None:
+    x, y = batch(t)
+    hook = None
+    if t == POISONED and comm.rank == comm.size - 1:
+        hook = model[0].weight.register_hook(poison)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = F.cross_entropy(ddp_or_model(x).float(), y)
+    scaler.scale(loss).backward()
+    if hook is not None:
+        hook.remove()
+
+
+def amp_scaler() -> torch.amp.GradScaler:
+    return torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2)
+
+
+for staleness in (1, 2, 3):
+    model = make_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    scaler = amp_scaler()
+    state = PipeSGDState(engine, staleness=staleness, grad_scaler=scaler)
+    ddp.register_comm_hook(state, pipe_sgd_hook)
+    opt = sgd(model)
+    ddp_scales = []
+    for t in range(STEPS):
+        opt.zero_grad()
+        amp_backward(model, ddp, scaler, t)
+        if state.has_update:
+            scaler.step(opt)
+            scaler.update()
+        ddp_scales.append(float(scaler.get_scale()))
+    state.synchronize()
+
+    reference = make_model()
+    ref_scaler = amp_scaler()
+    wrapped = DistributedOptimizer(sgd(reference), reference.named_parameters(),
+                                   staleness=staleness, warmup_steps=1, engine=engine,
+                                   grad_scaler=ref_scaler)
+    ref_scales = []
+    for t in range(STEPS):
+        wrapped.zero_grad()
+        amp_backward(reference, reference, ref_scaler, t)
+        wrapped.step()
+        ref_scales.append(float(ref_scaler.get_scale()))
+    wrapped.synchronize()
+    assert ddp_scales == ref_scales, f"K={staleness}: {ddp_scales} against {ref_scales}"
+    skipped = POISONED + staleness - 1  # the step that met the inf halved the scale
+    assert ddp_scales[skipped] == ddp_scales[skipped - 1] / 2, f"K={staleness}: {ddp_scales}"
+    assert len(set(comm.allgather(tuple(ddp_scales)))) == 1, "scales differ across ranks"
+    digests = comm.allgather([p.detach().numpy().tobytes() for p in model.parameters()])
+    assert all(d == digests[0] for d in digests), "DDP parameters differ across ranks"
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.isfinite(a).all(), f"K={staleness} AMP: {name} took the inf"
+        err = (a - b).abs().max().item()
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"K={staleness} AMP: {name} off by {err}"
 
 dist.destroy_process_group()
 pipesgd.shutdown()
