@@ -113,6 +113,8 @@ PYBIND11_MODULE(_C, m) {
       .def("failure", &Operation::failure)
       .def("error", &Operation::error)
       .def("describe", &Operation::describe)
+      .def("open_gate", &Operation::open_gate,
+           "Let a gated operation start: its buffer is filled.")
       .def_property_readonly("waiting_on", [](const Operation& op) { return op.waiting_on.load(); })
       .def_property_readonly("phase",
                              [](const Operation& op) { return std::string(op.phase.load()); });
@@ -135,13 +137,14 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "allreduce",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,
-             const std::string& op, const std::string& compression, bool caller_waits) {
+             const std::string& op, const std::string& compression, bool caller_waits,
+             bool gated) {
             return e.allreduce(reinterpret_cast<void*>(address), count, parse_dtype(dtype),
                                parse_reduce_op(op), parse_compression(compression),
-                               caller_waits);
+                               caller_waits, gated);
           },
           py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("compression"), py::arg("caller_waits") = false)
+          py::arg("compression"), py::arg("caller_waits") = false, py::arg("gated") = false)
       .def(
           "allreduce_now",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,

@@ -136,8 +136,10 @@ std::shared_ptr<Operation> Engine::make_operation(void* data, std::size_t count,
 
 std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
                                              ReduceOp op, Compression compression,
-                                             bool caller_waits) {
-  return enqueue(make_operation(data, count, dtype, op, compression), caller_waits);
+                                             bool caller_waits, bool gated) {
+  auto operation = make_operation(data, count, dtype, op, compression);
+  operation->gate_open.store(!gated);
+  return enqueue(std::move(operation), caller_waits);
 }
 
 std::shared_ptr<Operation> Engine::enqueue(std::shared_ptr<Operation> operation,
@@ -196,6 +198,11 @@ void Engine::execute(Operation& op) {
     return;
   }
   try {
+    if (!op.gate_open.load(std::memory_order_acquire)) {
+      ctx_->wait_until([&op] { return op.gate_open.load(std::memory_order_acquire); }, op,
+                       rank_, "waiting for its buffer to be filled (open_gate)",
+                       /*teaches_spin=*/false);
+    }
     ctx_->note_progress();
     run_on_tuned_path(op);
     op.complete();

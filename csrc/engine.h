@@ -45,8 +45,11 @@ class Engine {
   // caller will block on it next, so the comm thread polls as for a waited
   // operation from the start (a caller starved of its core on the way into
   // wait() must not leave the operation napping meanwhile).
+  // `gated`: the buffer is not filled yet; the operation keeps its place in the order but
+  // does not start before the caller's Operation::open_gate().
   std::shared_ptr<Operation> allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                                       Compression compression, bool caller_waits = false);
+                                       Compression compression, bool caller_waits = false,
+                                       bool gated = false);
   // The same for a caller that will block on it: when nothing is queued or running,
   // the calling thread runs the operation itself and returns it finished, saving the
   // two thread hand-offs (submit, completion) that small operations are dominated by.

@@ -38,6 +38,11 @@ struct Operation {
   Compression compression = Compression::kNone;
   // The engine's count of threads blocked in wait() (shared: a handle may outlive it).
   std::shared_ptr<std::atomic<int>> callers_waiting;
+  // False for a gated operation until open_gate(): its buffer was still being filled
+  // (a device-to-host copy in flight) when it was queued, so when its turn comes the
+  // comm thread waits for the gate before it reads the buffer.
+  std::atomic<bool> gate_open{true};
+  void open_gate() { gate_open.store(true, std::memory_order_release); }
 
   // Progress, written by the comm thread, read by waiters for timeout messages.
   std::atomic<int> waiting_on{-1};

@@ -41,6 +41,11 @@ class Handle:
         """True once the operation has finished (successfully or not)."""
         return bool(self._op.done())
 
+    def open_gate(self) -> None:
+        """Let a gated operation (`allreduce_async(..., gated=True)`) start: its buffer
+        is filled. Any thread may call it; a second call does nothing."""
+        self._op.open_gate()
+
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the operation finishes, releasing the GIL.
 
@@ -197,15 +202,21 @@ class Engine:
         return str(self._engine.polling_while_waited)
 
     def allreduce_async(
-        self, tensor: Any, op: str = "average", compression: str = "none"
+        self, tensor: Any, op: str = "average", compression: str = "none", gated: bool = False
     ) -> Handle:
-        """Queue an in-place allreduce of `tensor` and return its handle at once."""
-        return self._submit(tensor, op, compression, caller_waits=False)
+        """Queue an in-place allreduce of `tensor` and return its handle at once.
 
-    def _submit(self, tensor: Any, op: str, compression: str, caller_waits: bool) -> Handle:
+        `gated=True`: `tensor` is still being filled (a device-to-host copy in flight).
+        The operation keeps its place in the order every rank submits in, but the
+        communication thread does not read `tensor` before `handle.open_gate()`.
+        """
+        return self._submit(tensor, op, compression, caller_waits=False, gated=gated)
+
+    def _submit(self, tensor: Any, op: str, compression: str, caller_waits: bool,
+                gated: bool = False) -> Handle:
         buffer = _checked_buffer(tensor, op, compression)
         operation = self._engine.allreduce(
-            buffer.address, buffer.count, buffer.dtype, op, compression, caller_waits
+            buffer.address, buffer.count, buffer.dtype, op, compression, caller_waits, gated
         )
         self._keep_alive(operation, buffer)
         return Handle(operation, buffer, self.rank)

@@ -77,3 +77,9 @@ def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
 def test_a_rank_waiting_on_a_link_gives_its_cpu_away() -> None:
     out = run_mpi(2, "link_waiting.py", timeout=120).stdout
     assert "link_waiting: ok" in out, out
+
+
+@pytest.mark.parametrize("scenario", ["order", "abort"])
+def test_gated_operation_waits_for_its_buffer(scenario: str) -> None:
+    out = run_mpi(3, "engine_gate.py", scenario, timeout=90).stdout
+    assert f"engine_gate {scenario}: ok on 3 ranks" in out, out
