@@ -118,7 +118,8 @@ class BucketLayout:
 
 
 class GradientBuckets:
-    """`sets` preallocated copies of every bucket of a layout, and the copies in and out.
+    """`sets` preallocated copies of every bucket of a layout, on the parameters' device,
+    and the copies in and out.
 
     Args:
         params: the parameters whose `.grad` is packed and unpacked, in layout order.
@@ -134,9 +135,14 @@ class GradientBuckets:
         if sets < 1:
             raise ValueError(f"need at least one set of buckets, got sets={sets}")
         self.params = list(params)
+        devices = {p.device for p in self.params}
+        if len(devices) > 1:
+            raise ValueError(f"the parameters are on several devices ({sorted(map(str, devices))}):"
+                             " move the model to one device first")
+        device = devices.pop() if devices else torch.device("cpu")
         self.layout = BucketLayout.build(self.params, bucket_bytes)
         self.buffers: list[list[Tensor]] = [
-            [torch.zeros(b.numel, dtype=b.dtype) for b in self.layout.buckets]
+            [torch.zeros(b.numel, dtype=b.dtype, device=device) for b in self.layout.buckets]
             for _ in range(sets)
         ]
 

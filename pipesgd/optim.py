@@ -41,6 +41,7 @@ from pipesgd.delay import Delayed, DelayedQueue, DelaySchedule
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
 from pipesgd.errors import PipesgdError
+from pipesgd.staging import HostStaging
 
 OVERLAP_MODES = ("sequential", "backward")
 
@@ -96,6 +97,9 @@ class DistributedOptimizer:
         engine: the engine to reduce on (default: `pipesgd.init(comm)`).
         comm: communicator of the ranks taking part (default COMM_WORLD); used for the
             construction-time check.
+        staging: reduce through host copies of the buckets (`pipesgd.staging`): the
+            only way for parameters on a GPU, and the default there; True on the CPU
+            runs the same path (as a test of it).
         grad_scaler: a `torch.amp.GradScaler` whose scaled losses the backward passes
             use (mixed precision). `step()` then unscales the aggregated gradient it
             applies by the scale that gradient was computed under, skips it where any
@@ -129,6 +133,7 @@ class DistributedOptimizer:
         engine: Engine | None = None,
         comm: MPI.Comm | None = None,
         grad_scaler: torch.amp.GradScaler | None = None,
+        staging: bool | None = None,
     ) -> None:
         self.schedule = DelaySchedule(staleness, warmup_steps, ramp_steps)
         if compression not in COMPRESSIONS:
@@ -159,6 +164,13 @@ class DistributedOptimizer:
                 "pass the communicator the engine was built on as comm="
             )
         self.buckets = GradientBuckets(self.params, int(self.bucket_mb * 2**20), sets=staleness)
+        on_device = any(p.device.type != "cpu" for p in self.params)
+        if on_device and staging is False:
+            raise ValueError(
+                f"the parameters are on {self.params[0].device}, and the engine reads host "
+                "memory: leave staging=None (or True) to reduce through host copies"
+            )
+        self._staging = HostStaging(self.buckets.buffers) if staging or on_device else None
         _check_across_ranks(self.comm, self._describe())
 
         self.timing = StepTiming()
@@ -281,6 +293,9 @@ class DistributedOptimizer:
             wait_s = self._wait(due)
             begin = time.perf_counter()
             applied = due.item.set_index
+            if self._staging is not None:
+                for bucket, device in enumerate(self.buckets.buffers[applied]):
+                    self._staging.fetch(applied, bucket, device)
             finite = self._unscale(applied, due.item.loss_scale)
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
@@ -331,7 +346,7 @@ class DistributedOptimizer:
                     {
                         "iteration": e.iteration,
                         "apply_at": e.apply_at,
-                        "buckets": [b.clone() for b in self.buckets.buffers[e.item.set_index]],
+                        "buckets": [b.clone() for b in self._reduced(e.item.set_index)],
                         "loss_scale": e.item.loss_scale,
                     }
                     for e in self._inflight
@@ -379,7 +394,7 @@ class DistributedOptimizer:
         self._inflight.clear()
         for entry in saved["inflight"]:
             set_index = entry["iteration"] % self.staleness
-            for buffer, value in zip(self.buckets.buffers[set_index], entry["buckets"],
+            for buffer, value in zip(self._reduced(set_index), entry["buckets"],
                                      strict=True):
                 buffer.copy_(value)
             self._inflight.restore(entry["iteration"], entry["apply_at"],
@@ -503,10 +518,22 @@ class DistributedOptimizer:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
             self.buckets.pack(set_index, bucket)
-            handles[bucket] = self.buckets.submit(
-                self.engine, set_index, bucket, compression=self.compression
-            )
+            handles[bucket] = self._submit_bucket(set_index, bucket)
         return handles
+
+    def _submit_bucket(self, set_index: int, bucket: int) -> Handle:
+        if self._staging is None:
+            return self.buckets.submit(self.engine, set_index, bucket,
+                                       compression=self.compression)
+        return self._staging.submit(self.engine, self.buckets.buffers[set_index][bucket],
+                                    set_index, bucket, compression=self.compression)
+
+    def _reduced(self, set_index: int) -> list[Tensor]:
+        """Where the reduced gradients of set `set_index` land: the host buckets when
+        staging (copied to the device ones when applied), else the buckets themselves."""
+        if self._staging is None:
+            return self.buckets.buffers[set_index]
+        return self._staging.host[set_index]
 
     def _wait(self, entry: Delayed[_InFlight]) -> float:
         begin = time.perf_counter()
@@ -578,9 +605,7 @@ class DistributedOptimizer:
         ):
             b = self._next_bucket
             self.buckets.pack(set_index, b)
-            self._current[b] = self.buckets.submit(
-                self.engine, set_index, b, compression=self.compression
-            )
+            self._current[b] = self._submit_bucket(set_index, b)
             self._next_bucket += 1
 
     def _check_between_iterations(self, what: str) -> None:

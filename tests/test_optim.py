@@ -62,6 +62,13 @@ def test_compression_needs_float32(engine) -> None:
                              engine=engine)
 
 
+def test_parameters_off_the_host_need_staging(engine) -> None:
+    model = nn.Linear(3, 2, device="meta")
+    with pytest.raises(ValueError, match=r"engine reads host memory.*staging=None"):
+        DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                             model.named_parameters(), staging=False, engine=engine)
+
+
 def test_optimizer_parameters_must_be_named(engine) -> None:
     model = make_model()
     with pytest.raises(ValueError, match="not in named_parameters"):

@@ -78,12 +78,13 @@ def poison(grad: torch.Tensor) -> torch.Tensor:
 
 
 def train(engine, staleness: int, poisoned: set[int], overlap: str = "sequential",
-          ) -> tuple[list[torch.Tensor], list[float]]:
+          staging: bool = False) -> tuple[list[torch.Tensor], list[float]]:
     model = make_model()
     amp = scaler()
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                model.named_parameters(), staleness=staleness,
-                               overlap=overlap, engine=engine, grad_scaler=amp)
+                               overlap=overlap, engine=engine, grad_scaler=amp,
+                               staging=staging)
     scales = []
     for t in range(STEPS):
         opt.zero_grad()
@@ -97,11 +98,13 @@ def train(engine, staleness: int, poisoned: set[int], overlap: str = "sequential
     return [p.detach().clone() for p in model.parameters()], scales
 
 
-@pytest.mark.parametrize("overlap", ["sequential", "backward"])
+@pytest.mark.parametrize(("overlap", "staging"),
+                         [("sequential", False), ("backward", False), ("sequential", True)])
 @pytest.mark.parametrize("staleness", [1, 2, 3])
-def test_matches_the_reference_with_an_inf(engine, staleness: int, overlap: str) -> None:
+def test_matches_the_reference_with_an_inf(engine, staleness: int, overlap: str,
+                                           staging: bool) -> None:
     poisoned = {3}
-    params, scales = train(engine, staleness, poisoned, overlap)
+    params, scales = train(engine, staleness, poisoned, overlap, staging)
     ref_params, ref_scales = reference(staleness, poisoned)
     assert scales == ref_scales
     # the scale halved exactly once, at the step that met the poisoned gradient

@@ -35,3 +35,8 @@ def test_broadcast_parameters_and_optimizer_state() -> None:
 def test_mixed_precision_skips_one_ranks_inf_everywhere() -> None:
     out = run_mpi(3, "optim_amp.py", timeout=120).stdout
     assert "optim_amp: ok on 3 ranks" in out, out
+
+
+def test_host_staging_gives_the_same_weights() -> None:
+    out = run_mpi(2, "optim_staging.py", timeout=120).stdout
+    assert "optim_staging: ok on 2 ranks" in out, out

@@ -1,0 +1,131 @@
+"""Host staging: gradient buckets on an accelerator reduced through host copies.
+
+The engine's ring reads and writes host memory, so a bucket that lives on the GPU is
+copied into a host bucket (pinned, allocated once) before its allreduce and back after
+it. Neither copy makes the compute thread wait for the device:
+
+- to the host: an event recorded on the compute stream orders the copy, on a side
+  stream, after the backward that filled the bucket; the allreduce is queued at once,
+  gated (`Engine.allreduce_async(gated=True)`), keeping its place in every rank's order,
+  and a helper thread opens its gate when the copy's own event has completed;
+- back to the device: the copy runs on the side stream and the compute stream waits for
+  its event, so the update that reads the bucket is ordered after it.
+
+On the CPU the copies are immediate and their events complete at once, but the path is
+the same (gated operations, the helper thread): `DistributedOptimizer(staging=True)`
+forces it, which is how it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from pipesgd.engine import Engine, Handle
+
+
+class _Event(Protocol):
+    def synchronize(self) -> None: ...
+
+
+class _Done:
+    """A copy that has already happened (CPU)."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Copies:
+    """Copies between a device bucket and its host bucket, ordered as the module says."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def to_host(self, host: Tensor, device: Tensor) -> _Event:
+        if self.stream is None:
+            host.copy_(device)
+            return _Done()
+        filled = torch.cuda.current_stream(device.device).record_event()
+        self.stream.wait_event(filled)
+        with torch.cuda.stream(self.stream):
+            host.copy_(device, non_blocking=True)
+            return self.stream.record_event()
+
+    def to_device(self, device: Tensor, host: Tensor) -> None:
+        if self.stream is None:
+            device.copy_(host)
+            return
+        with torch.cuda.stream(self.stream):
+            device.copy_(host, non_blocking=True)
+            copied = self.stream.record_event()
+        torch.cuda.current_stream(device.device).wait_event(copied)
+
+
+class _GateOpener:
+    """One thread that opens each gated operation's gate once its copy has completed,
+    in submission order."""
+
+    def __init__(self) -> None:
+        self._pending: queue.Queue[tuple[_Event, Handle] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="pipesgd-staging",
+                                        daemon=True)
+        self._thread.start()
+
+    def open_when(self, copied: _Event, handle: Handle) -> None:
+        self._pending.put((copied, handle))
+
+    def close(self) -> None:
+        self._pending.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._pending.get()) is not None:
+            copied, handle = item
+            copied.synchronize()  # releases the GIL while the device copies
+            handle.open_gate()
+
+
+class HostStaging:
+    """Host copies of `buffers` ([set][bucket] flat tensors on one device) and the copies
+    between them.
+
+    Args:
+        buffers: the device buckets, as `GradientBuckets.buffers` holds them.
+    """
+
+    def __init__(self, buffers: list[list[Tensor]]) -> None:
+        device = buffers[0][0].device
+        pin = device.type == "cuda"
+        self.host: list[list[Tensor]] = [
+            [torch.zeros(b.numel(), dtype=b.dtype, pin_memory=pin) for b in buckets]
+            for buckets in buffers
+        ]
+        self._copies = _Copies(device)
+        self._opener = _GateOpener()
+
+    def submit(self, engine: Engine, device: Tensor, set_index: int, bucket: int, *,
+               op: str = "average", compression: str = "none") -> Handle:
+        """Copy `device` to its host bucket and queue that bucket's allreduce, gated on the
+        copy (see the module)."""
+        host = self.host[set_index][bucket]
+        copied = self._copies.to_host(host, device)
+        handle = engine.allreduce_async(host, op=op, compression=compression, gated=True)
+        self._opener.open_when(copied, handle)
+        return handle
+
+    def fetch(self, set_index: int, bucket: int, device: Tensor) -> None:
+        """Copy the reduced host bucket into `device`, ahead of the compute stream's next
+        work."""
+        self._copies.to_device(device, self.host[set_index][bucket])
+
+    def close(self) -> None:
+        """Stop the helper thread (after every submitted operation's gate is open)."""
+        self._opener.close()
+
+
+__all__ = ["HostStaging"]
