@@ -11,9 +11,10 @@ it. Neither copy makes the compute thread wait for the device:
 - back to the device: the copy runs on the side stream and the compute stream waits for
   its event, so the update that reads the bucket is ordered after it.
 
-On the CPU the copies are immediate and their events complete at once, but the path is
-the same (gated operations, the helper thread): `DistributedOptimizer(staging=True)`
-forces it, which is how it is tested without a GPU.
+On the CPU both copies are immediate, so each gate opens as soon as its operation is
+queued, without the helper thread; the path is otherwise the same (host buckets, gated
+operations): `DistributedOptimizer(staging=True)` forces it, which is how it is tested
+without a GPU (`tests/test_staging.py` drives the helper thread with slow events).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ from pipesgd.engine import Engine, Handle
 
 
 class _Event(Protocol):
+    def query(self) -> bool: ...
     def synchronize(self) -> None: ...
 
 
 class _Done:
     """A copy that has already happened (CPU)."""
+
+    def query(self) -> bool:
+        return True
 
     def synchronize(self) -> None:
         pass
@@ -67,21 +72,28 @@ class _Copies:
 
 
 class _GateOpener:
-    """One thread that opens each gated operation's gate once its copy has completed,
-    in submission order."""
+    """Opens each gated operation's gate once its copy has completed: at once when it
+    already has, else from one helper thread, in submission order."""
 
     def __init__(self) -> None:
         self._pending: queue.Queue[tuple[_Event, Handle] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="pipesgd-staging",
-                                        daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     def open_when(self, copied: _Event, handle: Handle) -> None:
+        if copied.query():  # the engine runs operations in order whenever gates open
+            handle.open_gate()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pipesgd-staging",
+                                            daemon=True)
+            self._thread.start()
         self._pending.put((copied, handle))
 
     def close(self) -> None:
-        self._pending.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._pending.put(None)
+            self._thread.join()
+            self._thread = None
 
     def _run(self) -> None:
         while (item := self._pending.get()) is not None:

@@ -1,0 +1,58 @@
+"""pipesgd.staging's helper thread, driven by slow stand-ins for CUDA events: each gate
+opens only once its copy has completed, in submission order, and a copy already done
+opens its gate at once. The staged path end to end: tests/mpi/optim_staging.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pipesgd.staging import _GateOpener
+
+
+class SlowEvent:
+    def __init__(self, seconds: float, log: list[str], name: str) -> None:
+        self.seconds, self.log, self.name = seconds, log, name
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        time.sleep(self.seconds)
+        self.done = True
+        self.log.append(f"copied {self.name}")
+
+
+class Gate:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+        self.opened = threading.Event()
+
+    def open_gate(self) -> None:
+        self.log.append(f"open {self.name}")
+        self.opened.set()
+
+
+def test_gates_open_after_their_copies_in_order() -> None:
+    log: list[str] = []
+    opener = _GateOpener()
+    gates = [Gate(log, name) for name in "abc"]
+    for gate, seconds in zip(gates, (0.05, 0.01, 0.03), strict=True):
+        opener.open_when(SlowEvent(seconds, log, gate.name), gate)
+    assert not any(g.opened.is_set() for g in gates)  # returned before any copy ended
+    for gate in gates:
+        assert gate.opened.wait(timeout=30)
+    opener.close()
+    assert log == ["copied a", "open a", "copied b", "open b", "copied c", "open c"]
+
+
+def test_a_finished_copy_opens_its_gate_at_once() -> None:
+    log: list[str] = []
+    opener = _GateOpener()
+    event = SlowEvent(0.0, log, "a")
+    event.done = True
+    gate = Gate(log, "a")
+    opener.open_when(event, gate)
+    assert gate.opened.is_set() and log == ["open a"]
+    opener.close()
