@@ -7,6 +7,7 @@ hand it a buffer, keep computing, wait on the handle when you need the sum.
 # Training API (imports torch): the delayed-gradient optimizer and its helpers.
 from pipesgd import hooks
 from pipesgd.broadcast import broadcast_optimizer_state, broadcast_parameters
+from pipesgd.device import device, local_rank, local_size
 from pipesgd.engine import (
     Engine,
     Handle,
@@ -35,9 +36,12 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "default_engine",
+    "device",
     "hooks",
     "init",
     "is_initialized",
+    "local_rank",
+    "local_size",
     "rank",
     "shutdown",
     "size",

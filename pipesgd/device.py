@@ -1,0 +1,50 @@
+"""Which accelerator a rank uses: the node-local rank picks it.
+
+`mpirun` starts one rank per GPU on each node; rank r of a node takes GPU r (modulo the
+GPUs it sees), so the ranks of a node spread over its GPUs whatever their global ranks:
+
+    device = pipesgd.device()            # cuda:<local rank> where CUDA is, else cpu
+    model = build_model().to(device)
+"""
+
+from __future__ import annotations
+
+import torch
+from mpi4py import MPI
+
+
+def _node(comm: MPI.Comm | None) -> MPI.Comm:
+    return (MPI.COMM_WORLD if comm is None else comm).Split_type(MPI.COMM_TYPE_SHARED)
+
+
+def local_rank(comm: MPI.Comm | None = None) -> int:
+    """This rank's position among the ranks of `comm` (default COMM_WORLD) on its node.
+    Collective over `comm`."""
+    node = _node(comm)
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def local_size(comm: MPI.Comm | None = None) -> int:
+    """How many ranks of `comm` (default COMM_WORLD) share this rank's node. Collective."""
+    node = _node(comm)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
+def device(comm: MPI.Comm | None = None) -> torch.device:
+    """The device this rank should compute on: `cuda:<local rank mod GPUs>`, made the
+    current CUDA device, where CUDA is available; else the CPU. Collective over `comm`."""
+    rank = local_rank(comm)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    chosen = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(chosen)
+    return chosen
+
+
+__all__ = ["device", "local_rank", "local_size"]
