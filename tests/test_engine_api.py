@@ -16,13 +16,6 @@ import pipesgd
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = pipesgd.Engine()
-    yield e
-    e.shutdown()
-
-
 def test_single_rank_is_identity(engine) -> None:
     x = np.arange(10, dtype=np.float32)
     assert engine.allreduce(x, op="sum") is x

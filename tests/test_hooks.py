@@ -7,13 +7,6 @@ import pipesgd
 from pipesgd.hooks import PipeSGDState, pipe_sgd_hook
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = pipesgd.Engine()
-    yield e
-    e.shutdown()
-
-
 class FakeBucket:
     """The part of `dist.GradBucket` the hook uses."""
 

@@ -14,13 +14,6 @@ import pipesgd
 from pipesgd.optim import DistributedOptimizer
 
 
-@pytest.fixture(scope="module")
-def engine():
-    e = pipesgd.Engine()
-    yield e
-    e.shutdown()
-
-
 def make_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2))

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from test_optim import make_model
 from torch import nn
 from torch.nn import functional as F
 
@@ -18,18 +19,6 @@ from pipesgd.optim import DistributedOptimizer
 INIT_SCALE = 2.0**10
 GROWTH_INTERVAL = 3
 STEPS = 10
-
-
-@pytest.fixture(scope="module")
-def engine():
-    e = pipesgd.Engine()
-    yield e
-    e.shutdown()
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 2))
 
 
 def loss_at(model: nn.Module, t: int) -> torch.Tensor:

@@ -11,18 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import pipesgd
 from pipesgd.optim import DistributedOptimizer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA is not available on this machine")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    e = pipesgd.Engine()
-    yield e
-    e.shutdown()
 
 
 def make_model(device: str) -> nn.Module:
