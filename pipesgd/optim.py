@@ -293,10 +293,10 @@ class DistributedOptimizer:
             wait_s = self._wait(due)
             begin = time.perf_counter()
             applied = due.item.set_index
+            finite = self._unscale(applied, due.item.loss_scale)
             if self._staging is not None:
                 for bucket, device in enumerate(self.buckets.buffers[applied]):
                     self._staging.fetch(applied, bucket, device)
-            finite = self._unscale(applied, due.item.loss_scale)
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.
@@ -445,10 +445,11 @@ class DistributedOptimizer:
     def _unscale(self, set_index: int, loss_scale: float) -> bool:
         """With a grad scaler: whether the reduced set `set_index` is finite, and if so
         divide it by the loss scale it was computed under. Every rank holds the same
-        bits, so every rank decides alike without communicating."""
+        bits, so every rank decides alike without communicating. When staging, this
+        reads the host buckets, before they go back: no wait for the device."""
         if self.grad_scaler is None:
             return True
-        buffers = self.buckets.buffers[set_index]
+        buffers = self._reduced(set_index)
         if not all(bool(torch.isfinite(b).all()) for b in buffers):
             return False
         for b in buffers:
