@@ -34,6 +34,7 @@ from pipesgd.delay import DelayedQueue, DelaySchedule
 from pipesgd.engine import Engine, Handle
 from pipesgd.engine import init as init_default_engine
 from pipesgd.errors import PipesgdError
+from pipesgd.staging import HostStaging
 
 
 class PipeSGDState:
@@ -46,6 +47,9 @@ class PipeSGDState:
         compression: "none", "trunc16" or "quant8".
         grad_scaler: the `torch.amp.GradScaler` whose scaled losses the backward passes
             use, if any (see the module).
+        staging: reduce through host copies of the buckets (`pipesgd.staging`): how
+            buckets on a GPU are reduced, and the default for them; True on the CPU runs
+            the same path.
 
     Raises:
         ValueError: staleness < 1 or unknown compression.
@@ -57,14 +61,18 @@ class PipeSGDState:
         "engine",  # the pipesgd engine the buckets are reduced on
         "grad_scaler",  # the GradScaler of the backward passes, or None
         "has_update",  # did the last finished iteration hand back an aggregated gradient?
+        "host_buffers",  # staging: bucket index -> K host twins of `buffers`
         "iteration",  # DDP iterations completed (backward passes seen)
         "queues",  # bucket index -> (buffer, handle, loss scale) in flight under `schedule`
         "schedule",  # K, with iteration 0 synchronous (DDP rebuilds its buckets after it)
+        "stager",  # the HostStaging of the buckets, once staging
+        "staging",  # True, False, or None: decided by the first bucket's device
     )
 
     def __init__(self, engine: Engine | None = None, staleness: int = 2,
                  compression: str = "none",
-                 grad_scaler: torch.amp.GradScaler | None = None) -> None:
+                 grad_scaler: torch.amp.GradScaler | None = None,
+                 staging: bool | None = None) -> None:
         self.schedule = DelaySchedule(staleness, warmup_steps=1)
         if compression not in COMPRESSIONS:
             raise ValueError(f"unknown compression {compression!r}: expected one of {COMPRESSIONS}")
@@ -75,6 +83,9 @@ class PipeSGDState:
         self.iteration = 0
         self.has_update = True
         self.buffers: dict[int, list[Tensor]] = {}
+        self.host_buffers: dict[int, list[Tensor]] = {}
+        self.staging = staging
+        self.stager: HostStaging | None = None
         self.queues: dict[int, DelayedQueue[tuple[Tensor, Handle, float]]] = {}
 
     @property
@@ -106,6 +117,35 @@ class PipeSGDState:
             self.buffers[index] = buffers
         return buffers
 
+    def _stager_for(self, grad: Tensor) -> HostStaging | None:
+        """The host staging of the buckets, if they take it (decided at the first one)."""
+        if self.staging is None:
+            self.staging = grad.device.type != "cpu"
+        if self.staging and self.stager is None:
+            self.stager = HostStaging(grad.device)
+        return self.stager
+
+    def _submit(self, index: int, slot: int, grad: Tensor) -> tuple[Tensor, Handle]:
+        """Queue the allreduce of `grad`, through host twin `slot` of bucket `index` when
+        staging; return where the result lands and the handle."""
+        if self.stager is None:
+            return grad, self.engine.allreduce_async(grad, compression=self.compression)
+        hosts = self.host_buffers.get(index)
+        if hosts is None or hosts[0].numel() != grad.numel():  # allocated once per size
+            hosts = [self.stager.host_like(grad) for _ in range(self.staleness)]
+            self.host_buffers[index] = hosts
+        handle = self.stager.submit(self.engine, grad, hosts[slot],
+                                    compression=self.compression)
+        return hosts[slot], handle
+
+    def _collect(self, reduced: Tensor, handle: Handle, into: Tensor) -> None:
+        """Wait for `handle`; put its result (`reduced`) into `into`."""
+        handle.wait()
+        if self.stager is not None:
+            self.stager.fetch(reduced, into)
+        elif reduced is not into:
+            into.copy_(reduced)
+
 
 def pipe_sgd_hook(
     state: PipeSGDState, bucket: dist.GradBucket
@@ -116,21 +156,21 @@ def pipe_sgd_hook(
     average of K - 1 iterations earlier (zeros while the pipe fills).
     """
     grad, index, t = bucket.buffer(), bucket.index(), state.iteration
+    state._stager_for(grad)
     if state.schedule.staleness_at(t) == 1:
-        state.engine.allreduce(grad, compression=state.compression)  # due at once
+        state._collect(*state._submit(index, 0, grad), into=grad)  # due at once
         state.has_update = True
     else:
-        slot = state._buffers_for(index, grad)[t % state.staleness]
-        slot.copy_(grad)
+        slot = t % state.staleness
+        buffer = state._buffers_for(index, grad)[slot]
+        buffer.copy_(grad)  # DDP refills grad next iteration; this stays until reduced
         queue = state.queues.setdefault(index, DelayedQueue(state.schedule))
         scale = state.loss_scale()
-        handle = state.engine.allreduce_async(slot, compression=state.compression)
-        queue.push(t, (slot, handle, scale))
+        queue.push(t, (*state._submit(index, slot, buffer), scale))
         due = queue.pop_due(t)
         if due is not None:
             reduced, handle, scaled_by = due.item
-            handle.wait()
-            grad.copy_(reduced)
+            state._collect(reduced, handle, into=grad)
             if scaled_by != scale:  # powers of two under GradScaler's defaults: exact
                 grad.mul_(scale / scaled_by)
             state.has_update = True

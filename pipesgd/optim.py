@@ -170,7 +170,13 @@ class DistributedOptimizer:
                 f"the parameters are on {self.params[0].device}, and the engine reads host "
                 "memory: leave staging=None (or True) to reduce through host copies"
             )
-        self._staging = HostStaging(self.buckets.buffers) if staging or on_device else None
+        self._staging: HostStaging | None = None
+        self._host: list[list[Tensor]] = []  # staging: host twins of the buckets
+        if staging or on_device:
+            self._staging = HostStaging(self.params[0].device if self.params else
+                                        torch.device("cpu"))
+            self._host = [[self._staging.host_like(b) for b in buffers]
+                          for buffers in self.buckets.buffers]
         _check_across_ranks(self.comm, self._describe())
 
         self.timing = StepTiming()
@@ -295,8 +301,9 @@ class DistributedOptimizer:
             applied = due.item.set_index
             finite = self._unscale(applied, due.item.loss_scale)
             if self._staging is not None:
-                for bucket, device in enumerate(self.buckets.buffers[applied]):
-                    self._staging.fetch(applied, bucket, device)
+                for host, device in zip(self._host[applied], self.buckets.buffers[applied],
+                                        strict=True):
+                    self._staging.fetch(host, device)
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.
@@ -527,14 +534,14 @@ class DistributedOptimizer:
             return self.buckets.submit(self.engine, set_index, bucket,
                                        compression=self.compression)
         return self._staging.submit(self.engine, self.buckets.buffers[set_index][bucket],
-                                    set_index, bucket, compression=self.compression)
+                                    self._host[set_index][bucket],
+                                    compression=self.compression)
 
     def _reduced(self, set_index: int) -> list[Tensor]:
         """Where the reduced gradients of set `set_index` land: the host buckets when
         staging (copied to the device ones when applied), else the buckets themselves."""
-        if self._staging is None:
-            return self.buckets.buffers[set_index]
-        return self._staging.host[set_index]
+        return self._host[set_index] if self._staging is not None \
+            else self.buckets.buffers[set_index]
 
     def _wait(self, entry: Delayed[_InFlight]) -> float:
         begin = time.perf_counter()

@@ -103,37 +103,34 @@ class _GateOpener:
 
 
 class HostStaging:
-    """Host copies of `buffers` ([set][bucket] flat tensors on one device) and the copies
-    between them.
+    """Host twins of device tensors, the copies between them and the gates those copies
+    open (see the module).
 
     Args:
-        buffers: the device buckets, as `GradientBuckets.buffers` holds them.
+        device: where the device tensors live; a CPU device runs the same path without a
+            GPU.
     """
 
-    def __init__(self, buffers: list[list[Tensor]]) -> None:
-        device = buffers[0][0].device
-        pin = device.type == "cuda"
-        self.host: list[list[Tensor]] = [
-            [torch.zeros(b.numel(), dtype=b.dtype, pin_memory=pin) for b in buckets]
-            for buckets in buffers
-        ]
+    def __init__(self, device: torch.device) -> None:
+        self._pin = device.type == "cuda"
         self._copies = _Copies(device)
         self._opener = _GateOpener()
 
-    def submit(self, engine: Engine, device: Tensor, set_index: int, bucket: int, *,
-               op: str = "average", compression: str = "none") -> Handle:
-        """Copy `device` to its host bucket and queue that bucket's allreduce, gated on the
-        copy (see the module)."""
-        host = self.host[set_index][bucket]
+    def host_like(self, tensor: Tensor) -> Tensor:
+        """A flat host buffer (pinned beside a GPU) for `tensor`'s elements."""
+        return torch.zeros(tensor.numel(), dtype=tensor.dtype, pin_memory=self._pin)
+
+    def submit(self, engine: Engine, device: Tensor, host: Tensor, *, op: str = "average",
+               compression: str = "none") -> Handle:
+        """Copy `device` into `host` and queue `host`'s allreduce, gated on the copy."""
         copied = self._copies.to_host(host, device)
         handle = engine.allreduce_async(host, op=op, compression=compression, gated=True)
         self._opener.open_when(copied, handle)
         return handle
 
-    def fetch(self, set_index: int, bucket: int, device: Tensor) -> None:
-        """Copy the reduced host bucket into `device`, ahead of the compute stream's next
-        work."""
-        self._copies.to_device(device, self.host[set_index][bucket])
+    def fetch(self, host: Tensor, device: Tensor) -> None:
+        """Copy the reduced `host` into `device`, ahead of the compute stream's next work."""
+        self._copies.to_device(device, host)
 
     def close(self) -> None:
         """Stop the helper thread (after every submitted operation's gate is open)."""

@@ -65,7 +65,7 @@ def test_staging_is_the_default_on_cuda(engine) -> None:
     opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                model.named_parameters(), engine=engine)
     assert opt._staging is not None
-    assert all(h.is_pinned() for hosts in opt._staging.host for h in hosts)
+    assert all(h.is_pinned() for hosts in opt._host for h in hosts)
     assert all(b.is_cuda for bs in opt.buckets.buffers for b in bs)
 
 

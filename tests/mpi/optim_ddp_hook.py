@@ -89,6 +89,29 @@ for staleness, compression in ((2, "none"), (3, "none"), (2, "quant8")):
         err = (a - b).abs().max().item()
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"K={staleness}: {name} off by {err}"
 
+# Host staging (how buckets on a GPU are reduced), forced on the CPU: the same weights.
+def ddp_run(staleness: int, compression: str, staging: bool) -> list[bytes]:
+    model = make_model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.01)
+    state = PipeSGDState(engine, staleness=staleness, compression=compression,
+                         staging=staging)
+    ddp.register_comm_hook(state, pipe_sgd_hook)
+    opt = sgd(model)
+    for t in range(STEPS):
+        x, y = batch(t)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        if state.has_update:
+            opt.step()
+    state.synchronize()
+    assert (state.stager is not None) == staging
+    return [p.detach().numpy().tobytes() for p in model.parameters()]
+
+
+for staleness, compression in ((1, "none"), (2, "quant8"), (3, "none")):
+    assert ddp_run(staleness, compression, True) == ddp_run(staleness, compression, False), (
+        f"K={staleness} {compression}: staging changed the weights")
+
 # Mixed precision: one rank's inf at iteration 3 skips the same step everywhere, and the
 # scale follows the same rule as DistributedOptimizer(grad_scaler=...).
 POISONED = 3
