@@ -142,3 +142,19 @@ def test_nesterov_reaches_sgd_and_is_refused_elsewhere() -> None:
     with pytest.raises(ValueError, match="nesterov applies to SGD only, not to 'adam'"):
         loop.build_optimizer(cli.config_from_args(parse("--optimizer", "adam", "--nesterov")),
                              model)
+
+
+def test_device_defaults_to_cuda_where_it_is_and_is_checked() -> None:
+    from mpi4py import MPI
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert cli.config_from_args(parse()).device == expected
+    assert cli.config_from_args(parse("--device", "cpu")).device == "cpu"
+    assert loop.run_device("cpu", MPI.COMM_SELF) == torch.device("cpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        loop.run_device("tpu", MPI.COMM_SELF)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available on this machine"):
+            loop.run_device("cuda", MPI.COMM_SELF)
+    with pytest.raises(SystemExit):
+        parse("--device", "tpu")

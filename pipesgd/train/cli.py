@@ -30,6 +30,12 @@ PRESETS: dict[str, tuple[int, str]] = {
 }
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `pipesgd train`."""
     parser.add_argument("--model", default="mlp", help=HELP + "; it gets images "
@@ -71,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the timing model predicts fastest")
     parser.add_argument("--channels-last", action="store_true",
                         help="CNN in NHWC layout (oneDNN's faster convolutions on CPU)")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        default="cuda" if _cuda_available() else "cpu",
+                        help="cuda: each rank on the GPU of its node-local rank "
+                             "(default: cuda where available)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="save a checkpoint every epoch")
     parser.add_argument("--resume", action="store_true",
@@ -99,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         weight_decay=args.weight_decay, optimizer=args.optimizer,
         lr_schedule=args.lr_schedule, lr_warmup_steps=args.lr_warmup_steps,
         warmup_steps=args.warmup_steps, ramp_steps=args.ramp_steps,
-        channels_last=args.channels_last, seed=args.seed,
+        channels_last=args.channels_last, seed=args.seed, device=args.device,
         checkpoint=args.checkpoint, resume=args.resume, **chosen,
     )
 

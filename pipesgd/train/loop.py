@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipesgd.broadcast import broadcast_parameters
+from pipesgd.device import device as pipesgd_device
 from pipesgd.model_names import layer_model
 from pipesgd.optim import DistributedOptimizer, StepTiming
 from pipesgd.train.data import Dataset, ShardedBatches, load
@@ -58,6 +59,8 @@ class TrainConfig:
     bucket_mb: float = 25.0
     # NHWC activations and convolution weights: oneDNN's faster layout on CPU
     channels_last: bool = False
+    # "cpu", or "cuda": each rank on the GPU of its node-local rank (pipesgd.device)
+    device: str = "cpu"
     seed: int = 0
     checkpoint: str | None = None
     resume: bool = False
@@ -222,6 +225,23 @@ def prepare(config: TrainConfig) -> tuple[Dataset, nn.Module]:
     return dataset, model
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def run_device(name: str, comm: MPI.Comm) -> torch.device:
+    """The device a run named `name` computes on: the CPU, or this rank's GPU.
+
+    Raises:
+        ValueError: an unknown name, or "cuda" where CUDA is not available.
+    """
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but CUDA is not available on this machine: "
+                         "use --device cpu")
+    return pipesgd_device(comm) if name == "cuda" else torch.device("cpu")
+
+
 def parameter_digest(model: nn.Module) -> str:
     """SHA-256 of the model's parameters, in order: equal on two ranks exactly when their
     replicas are bitwise identical (buffers such as BatchNorm statistics are per rank)."""
@@ -249,6 +269,13 @@ def run(
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.rank, comm.size
     dataset, model = prepare(config)
+    device = run_device(config.device, comm)
+    on_gpu = device.type == "cuda"
+    if on_gpu:  # the data set is small: all of it on the device, once
+        model = model.to(device)
+        dataset = replace(dataset, train_x=dataset.train_x.to(device),
+                          train_y=dataset.train_y.to(device),
+                          test_x=dataset.test_x.to(device), test_y=dataset.test_y.to(device))
     broadcast_parameters(model, root=0, comm=comm)
     inner = build_optimizer(config, model)
     module, sync = synchronizer(model, inner, config)
@@ -263,7 +290,7 @@ def run(
     start_iteration, history, wall_offset = 0, [], 0.0
     ckpt = Path(config.checkpoint) / CHECKPOINT_FILE if config.checkpoint else None
     if config.resume and ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location=device)
         model.load_state_dict(state["model"])
         sync.load_state_dict(state["optimizer"])
         start_iteration = state["iteration"]
@@ -296,6 +323,8 @@ def run(
         loss.backward()
         computed = time.perf_counter()
         sync.step()
+        if on_gpu:  # the iteration's time, not the time to queue it
+            torch.cuda.synchronize(device)
         end = time.perf_counter()
         timing = sync.timing
         compute.append(computed - begin)

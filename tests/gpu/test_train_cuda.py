@@ -1,0 +1,24 @@
+"""`pipesgd train --device cuda` for a few steps, one process. Runs where CUDA is
+available; elsewhere skipped with that reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from pipesgd.train import loop
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA is not available on this machine")
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_a_short_run_on_the_gpu_learns_like_the_cpu(model: str) -> None:
+    results = {}
+    for device in ("cuda", "cpu"):
+        config = loop.TrainConfig(model=model, data="digits", steps=30, batch_size=32,
+                                  lr=0.05, momentum=0.9, staleness=2, device=device)
+        results[device] = loop.run(config, MPI.COMM_SELF, progress=False, log=lambda _: None)
+    assert results["cuda"].final_accuracy > 0.3
+    assert abs(results["cuda"].final_accuracy - results["cpu"].final_accuracy) < 0.1
