@@ -32,6 +32,25 @@ def scaler() -> torch.amp.GradScaler:
     return torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
 
 
+def scaled_optimizer(engine, model: nn.Module, amp: torch.amp.GradScaler,
+                     momentum: float = 0.9, **kwargs) -> DistributedOptimizer:
+    return DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                                model.named_parameters(), engine=engine, grad_scaler=amp,
+                                **kwargs)
+
+
+def scaled_steps(model: nn.Module, opt: DistributedOptimizer, amp: torch.amp.GradScaler,
+                 steps: range) -> list[float]:
+    """Train `steps` iterations; the loss scale after each."""
+    scales = []
+    for t in steps:
+        opt.zero_grad()
+        amp.scale(loss_at(model, t)).backward()
+        opt.step()
+        scales.append(float(amp.get_scale()))
+    return scales
+
+
 def reference(staleness: int, poisoned: set[int]) -> tuple[list[torch.Tensor], list[float]]:
     """Gradient of iteration t (scaled by the scale at t, an inf in it when t is poisoned)
     applied at t + K - 1, unscaled, unless it is not finite; the scale halves on a skipped
@@ -70,10 +89,8 @@ def train(engine, staleness: int, poisoned: set[int], overlap: str = "sequential
           staging: bool = False) -> tuple[list[torch.Tensor], list[float]]:
     model = make_model()
     amp = scaler()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               model.named_parameters(), staleness=staleness,
-                               overlap=overlap, engine=engine, grad_scaler=amp,
-                               staging=staging)
+    opt = scaled_optimizer(engine, model, amp, staleness=staleness, overlap=overlap,
+                           staging=staging)
     scales = []
     for t in range(STEPS):
         opt.zero_grad()
@@ -106,13 +123,8 @@ def test_matches_the_reference_with_an_inf(engine, staleness: int, overlap: str,
 def test_a_skipped_gradient_leaves_weights_and_state_alone(engine) -> None:
     model = make_model()
     amp = scaler()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               model.named_parameters(), staleness=1, engine=engine,
-                               grad_scaler=amp)
-    for t in range(2):
-        opt.zero_grad()
-        amp.scale(loss_at(model, t)).backward()
-        opt.step()
+    opt = scaled_optimizer(engine, model, amp, staleness=1)
+    scaled_steps(model, opt, amp, range(2))
     before = [p.detach().clone() for p in model.parameters()]
     momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
     opt.zero_grad()
@@ -128,35 +140,19 @@ def test_a_skipped_gradient_leaves_weights_and_state_alone(engine) -> None:
 def test_resume_continues_the_scale_schedule(engine) -> None:
     model = make_model()
     amp = scaler()
-    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               model.named_parameters(), staleness=2, engine=engine,
-                               grad_scaler=amp)
-    for t in range(4):
-        opt.zero_grad()
-        amp.scale(loss_at(model, t)).backward()
-        opt.step()
+    opt = scaled_optimizer(engine, model, amp, momentum=0.0, staleness=2)
+    scaled_steps(model, opt, amp, range(4))
     saved_opt, saved_amp = opt.state_dict(), amp.state_dict()
     saved_model = {k: v.clone() for k, v in model.state_dict().items()}
 
-    def run_on(m: nn.Module, o: DistributedOptimizer, a: torch.amp.GradScaler) -> list[float]:
-        out = []
-        for t in range(4, 9):
-            o.zero_grad()
-            a.scale(loss_at(m, t)).backward()
-            o.step()
-            out.append(float(a.get_scale()))
-        return out
-
-    straight = run_on(model, opt, amp)
+    straight = scaled_steps(model, opt, amp, range(4, 9))
     resumed_model = make_model()
     resumed_model.load_state_dict(saved_model)
     resumed_amp = scaler()
     resumed_amp.load_state_dict(saved_amp)
-    resumed = DistributedOptimizer(torch.optim.SGD(resumed_model.parameters(), lr=0.1),
-                                   resumed_model.named_parameters(), staleness=2,
-                                   engine=engine, grad_scaler=resumed_amp)
+    resumed = scaled_optimizer(engine, resumed_model, resumed_amp, momentum=0.0, staleness=2)
     resumed.load_state_dict(saved_opt)
-    assert run_on(resumed_model, resumed, resumed_amp) == straight
+    assert scaled_steps(resumed_model, resumed, resumed_amp, range(4, 9)) == straight
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(),
                                                  resumed_model.parameters(), strict=True))
 
