@@ -95,3 +95,9 @@ def init_gloo(comm: Any) -> Any:
         os.environ["MASTER_PORT"] = str(comm.bcast(port))
     dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
     return dist
+
+
+def init_nccl(comm: Any) -> Any:
+    """A NCCL process group over the ranks of `comm`, beside init_gloo's default gloo
+    group (same rendezvous); returns the group. Each rank's CUDA device must be current."""
+    return init_gloo(comm).new_group(backend="nccl")

@@ -1,21 +1,24 @@
 """Training benchmark: DDP, PS-Sync, D-Sync(+T/+Q) and Pipe-SGD(+T/+Q) on the MLP and the CNN.
 
-A plain mpirun program (prints a table, writes bench/results/train_p{P}[_tag].json and a
-PNG of test accuracy against wall-clock time per configuration):
+A plain mpirun program (prints a table, writes bench/results/train_p{P}[_cuda][_tag].json
+and a PNG of test accuracy against wall-clock time per configuration):
 
     mpirun -n 2 python bench/train.py
     mpirun -n 2 python bench/train.py --models mlp --configs ddp,dsync,pipesgd+q --epochs 5
+    mpirun -n 2 python bench/train.py --device cuda  # on the GPUs, adds ddp-nccl
 
 Over emulated 1 Gbit/s per-rank links (root; see bench/netem.py):
 
     python bench/netem.py --np 2 --rate 1gbit -- python bench/train.py --tag netem_1gbit
 
 Configurations (paper §4): DDP = torch DistributedDataParallel over gloo (default 25 MB
-buckets unless --ddp-bucket-mb); PS-Sync = synchronous parameter server on rank 0 (MPI
+buckets unless --ddp-bucket-mb); DDP-NCCL = the same over NCCL, GPU to GPU (--device
+cuda, one GPU per rank); PS-Sync = synchronous parameter server on rank 0 (MPI
 Gather of gradients, update on rank 0, Bcast of parameters); D-Sync = pipesgd with
 K = 1; Pipe-SGD = K = 2; +T / +Q = trunc16 / quant8 compression. Every configuration
 trains the same model from the same seed on the same shards of scikit-learn's digits.
-Times are medians over iterations after warm-up, from rank 0.
+Times are medians over iterations after warm-up, from rank 0. On CUDA, pipesgd's
+configurations also report their host<->device staging time per iteration (staging ms).
 """
 
 from __future__ import annotations
@@ -33,18 +36,20 @@ from mpi4py import MPI
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, init_gloo, link_rate_bps, print_table, write_json
+from common import RESULTS, init_gloo, init_nccl, link_rate_bps, print_table, write_json
 
 import pipesgd
 from pipesgd.buckets import GradientBuckets
+from pipesgd.device import DEVICES, local_size, run_device
 from pipesgd.engine import default_engine
-from pipesgd.optim import StepTiming
+from pipesgd.optim import DistributedOptimizer, StepTiming
 from pipesgd.train import loop
 from pipesgd.train.cli import PRESETS
 from pipesgd.train.data import load
 
 PIPESGD_CONFIGS = PRESETS
-CONFIGS = ("ddp", "ps-sync", *PIPESGD_CONFIGS)
+CONFIGS = ("ddp", "ddp-nccl", "ps-sync", *PIPESGD_CONFIGS)
+CPU_CONFIGS = tuple(c for c in CONFIGS if c != "ddp-nccl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +113,11 @@ class LocalStep:
 
 
 class ParameterServer(LocalStep):
-    """PS-Sync: rank 0 gathers every gradient, averages, updates, broadcasts parameters."""
+    """PS-Sync: rank 0 gathers every gradient, averages, updates, broadcasts parameters.
+
+    The flat buffers live in host memory (MPI reads them): parameters on a GPU go through
+    them with plain blocking copies each way.
+    """
 
     def __init__(self, model: nn.Module, inner: torch.optim.Optimizer, comm: MPI.Comm) -> None:
         super().__init__(inner)
@@ -152,17 +161,41 @@ class ParameterServer(LocalStep):
         )
 
 
-def synchronizer_for(name: str, comm: MPI.Comm, ddp_bucket_mb: float) -> loop.SynchronizerFactory:
-    if name == "ddp":
+def synchronizer_for(name: str, comm: MPI.Comm, ddp_bucket_mb: float,
+                     nccl: Any = None) -> loop.SynchronizerFactory:
+    if name in ("ddp", "ddp-nccl"):
         from torch.nn.parallel import DistributedDataParallel
 
         def ddp(model, inner, config):
-            return DistributedDataParallel(model, bucket_cap_mb=ddp_bucket_mb), LocalStep(inner)
+            # "ddp": the default gloo group, which takes CPU and CUDA tensors alike
+            extra = {} if name == "ddp" else {
+                "process_group": nccl, "device_ids": [next(model.parameters()).device]}
+            return (DistributedDataParallel(model, bucket_cap_mb=ddp_bucket_mb, **extra),
+                    LocalStep(inner))
 
         return ddp
     if name == "ps-sync":
         return lambda model, inner, config: (model, ParameterServer(model, inner, comm))
     return loop.pipesgd_synchronizer
+
+
+def keeping(factory: loop.SynchronizerFactory, made: list[Any]) -> loop.SynchronizerFactory:
+    """`factory`, appending each synchronizer it makes to `made` (read after the run)."""
+
+    def make(model, inner, config):
+        module, sync = factory(model, inner, config)
+        made.append(sync)
+        return module, sync
+
+    return make
+
+
+def staging_ms(sync: Any) -> float | None:
+    """Host<->device staging per iteration of a pipesgd run (0 on the CPU); None for DDP
+    and PS-Sync, which do not stage."""
+    if not isinstance(sync, DistributedOptimizer):
+        return None
+    return 1000 * sync.staging_seconds / max(sync.iteration, 1)
 
 
 def plot(results: list[dict[str, Any]], path: Path, where: str) -> None:
@@ -255,7 +288,10 @@ def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,cnn")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"from {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", help=f"from {', '.join(CONFIGS)} (default: all; ddp-nccl "
+                                      "with --device cuda only)")
+    ap.add_argument("--device", choices=DEVICES, default="cpu",
+                    help="where every configuration computes (cuda: each rank's GPU)")
     ap.add_argument("--epochs", type=int, help="override every model's epochs (see RECIPES)")
     ap.add_argument("--lr", type=float, help="override every model's learning rate")
     ap.add_argument("--bucket-mb", type=float, default=4.0, help="pipesgd bucket size")
@@ -267,21 +303,41 @@ def main() -> int:
     ap.add_argument("--nchw", action="store_true",
                     help="run the CNN in the default NCHW layout instead of channels_last")
     args = ap.parse_args()
-    configs = [c.strip() for c in args.configs.split(",")]
-    unknown = [c for c in configs if c not in CONFIGS]
+    configs = [c.strip() for c in args.configs.split(",")] if args.configs else None
+    unknown = [c for c in configs or () if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}: choose from {CONFIGS}")
+    if args.device == "cpu" and configs and "ddp-nccl" in configs:
+        ap.error("ddp-nccl runs DDP over NCCL between GPUs: it needs --device cuda")
 
     comm = MPI.COMM_WORLD
+    try:  # every rank checks, before any collective: a missing GPU ends the run at once
+        run_device(args.device, comm)
+    except ValueError as e:
+        if comm.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    # NCCL refuses two ranks on one GPU
+    sharing = local_size(comm) if args.device == "cuda" else 0
+    gpu_per_rank = args.device == "cuda" and torch.cuda.device_count() >= sharing
+    if configs is None:
+        configs = list(CONFIGS if gpu_per_rank else CPU_CONFIGS)
+    elif "ddp-nccl" in configs and not gpu_per_rank:
+        if comm.rank == 0:
+            print(f"error: ddp-nccl needs one GPU per rank; {sharing} ranks share "
+                  f"{torch.cuda.device_count()} GPU(s) on this node", file=sys.stderr, flush=True)
+        return 2
     torch.set_num_threads(1)
     # Ranks share cores here: at a lower nice the comm thread gets its core back from
     # a compute thread sooner, so a ring step waits less (BENCHMARKS.md, training).
     pipesgd.init(comm, comm_nice=args.comm_nice)
     if "ddp" in configs:
         init_gloo(comm)
+    nccl = init_nccl(comm) if "ddp-nccl" in configs else None
     rate = link_rate_bps()
     where = f"p={comm.size}, " + (f"{rate / 1e9:g} Gbit/s links" if rate else "shared memory")
     results: list[loop.RunResult] = []
+    staging: list[float | None] = []  # per result
     comm_s: dict[tuple[str, str], float] = {}
 
     def scale(count: int) -> int:
@@ -307,17 +363,22 @@ def main() -> int:
                 compression=compression,
                 bucket_mb=args.bucket_mb,
                 channels_last=recipe.channels_last and not args.nchw,
+                device=args.device,
                 name=name,
             )
             comm.Barrier()
+            made: list[Any] = []
             result = loop.run(
                 config,
                 comm,
-                synchronizer_for(name, comm, args.ddp_bucket_mb),
+                keeping(synchronizer_for(name, comm, args.ddp_bucket_mb, nccl), made),
                 progress=False,
                 log=lambda *_: None,
             )
+            if args.device == "cuda":  # the last copies back counted too
+                torch.cuda.synchronize()
             results.append(result)
+            staging.append(staging_ms(made[0]))
             if comm.rank == 0:
                 print(
                     f"{model} {name}: {1000 * result.iteration_time_s:.2f} ms/iteration, "
@@ -330,7 +391,7 @@ def main() -> int:
                                                                  args.bucket_mb)
     if comm.rank == 0:
         rows = []
-        for r in results:
+        for r, staged in zip(results, staging, strict=True):
             c = r.config
             ddp = next(
                 (x for x in results if x.config.model == c.model and x.config.name == "ddp"), None
@@ -345,6 +406,7 @@ def main() -> int:
                     "update ms": 1000 * r.update_s,
                     "compute+update ms": 1000 * r.compute_update_s,
                     "comm wait ms": 1000 * r.comm_wait_s,
+                    "staging ms": staged,
                     "allreduce alone ms": 1000 * comm_s[(c.model, compression)]
                     if c.name in PIPESGD_CONFIGS else None,
                     "speed-up vs DDP": ddp.iteration_time_s / r.iteration_time_s if ddp else None,
@@ -353,20 +415,25 @@ def main() -> int:
                     "accuracy %": 100 * r.final_accuracy,
                 }
             )
-        print_table(rows, f"Training, {where} (median per iteration, rank 0)")
+        # "-": configurations that do not stage (null in the JSON)
+        shown = [{**row, "staging ms": "-" if row["staging ms"] is None
+                  else f"{row['staging ms']:.3g}"} for row in rows]
+        print_table(shown, f"Training, {where} (median per iteration, rank 0)")
         checks = target_checks(results, comm_s, comm.size, rate)
         print("\n".join(checks))
         payload = {
             "ranks": comm.size,
             "link_rate_bps": rate,
             "comm_nice": args.comm_nice,
+            "device": args.device,
             "recipes": {m: dataclasses.asdict(r) for m, r in RECIPES.items()},
             "rows": rows,
             "communication_s": {f"{m}/{c}": t for (m, c), t in comm_s.items()},
             "checks": checks,
-            "runs": [dataclasses.asdict(r) for r in results],
+            "runs": [{**dataclasses.asdict(r), "staging_ms": staged}
+                     for r, staged in zip(results, staging, strict=True)],
         }
-        suffix = f"_{args.tag}" if args.tag else ""
+        suffix = ("_cuda" if args.device == "cuda" else "") + (f"_{args.tag}" if args.tag else "")
         path = write_json(f"train_p{comm.size}{suffix}.json", payload)
         plot(payload["runs"], RESULTS / f"train_p{comm.size}{suffix}.png", where)
         print(f"wrote {path} and {path.with_suffix('.png')}")

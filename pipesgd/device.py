@@ -9,6 +9,8 @@ GPUs it sees), so the ranks of a node spread over its GPUs whatever their global
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from mpi4py import MPI
 
@@ -47,4 +49,31 @@ def device(comm: MPI.Comm | None = None) -> torch.device:
     return chosen
 
 
-__all__ = ["device", "local_rank", "local_size"]
+DEVICES = ("cpu", "cuda")
+
+
+def run_device(name: str, comm: MPI.Comm | None = None) -> torch.device:
+    """The device a run asked for by name computes on: the CPU, or this rank's GPU
+    (`device`). Collective over `comm` for "cuda".
+
+    Raises:
+        ValueError: an unknown name, or "cuda" where CUDA is not available.
+    """
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but CUDA is not available on this machine: "
+                         "use --device cpu")
+    return device(comm) if name == "cuda" else torch.device("cpu")
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """`--device cpu|cuda`, cuda by default where available (the CLIs' one rule)."""
+    parser.add_argument("--device", choices=DEVICES,
+                        default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda: each rank on the GPU of its node-local rank "
+                             "(default: cuda where available)")
+
+
+__all__ = ["DEVICES", "add_device_argument", "device", "local_rank", "local_size",
+           "run_device"]

@@ -93,6 +93,11 @@ class PipeSGDState:
         """K: the gradient of iteration t is applied at iteration t + K - 1."""
         return self.schedule.staleness
 
+    @property
+    def staging_seconds(self) -> float:
+        """Seconds the host staging's copies have taken so far (0 without staging)."""
+        return self.stager.copy_seconds if self.stager is not None else 0.0
+
     def loss_scale(self) -> float:
         """The loss scale the current backward runs under (1.0 without a scaler)."""
         return 1.0 if self.grad_scaler is None else float(self.grad_scaler.get_scale())
@@ -142,7 +147,7 @@ class PipeSGDState:
         """Wait for `handle`; put its result (`reduced`) into `into`."""
         handle.wait()
         if self.stager is not None:
-            self.stager.fetch(reduced, into)
+            self.stager.copy_to_device(into, reduced)
         elif reduced is not into:
             into.copy_(reduced)
 

@@ -234,6 +234,12 @@ class DistributedOptimizer:
         """Number of `step()` calls so far (the index of the next iteration)."""
         return self._iteration
 
+    @property
+    def staging_seconds(self) -> float:
+        """Seconds the host staging's copies (device to host and back) have taken since
+        construction; 0 without staging. Never waits for the device."""
+        return self._staging.copy_seconds if self._staging is not None else 0.0
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients before the next backward.
 
@@ -303,7 +309,7 @@ class DistributedOptimizer:
             if self._staging is not None:
                 for host, device in zip(self._host[applied], self.buckets.buffers[applied],
                                         strict=True):
-                    self._staging.fetch(host, device)
+                    self._staging.copy_to_device(device, host)
             if self._grad_views:
                 # The applied set is the one the next iteration fills ((t + 1) mod K),
                 # so these views stay valid until zero_grad() zeroes them.

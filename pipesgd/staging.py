@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Protocol
 
 import torch
@@ -45,30 +46,57 @@ class _Done:
 
 
 class _Copies:
-    """Copies between a device bucket and its host bucket, ordered as the module says."""
+    """Copies between device tensors and their host twins, ordered as the module says,
+    and the time they took (CUDA events with timing; the wall clock on the CPU)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._seconds = 0.0
 
     def to_host(self, host: Tensor, device: Tensor) -> _Event:
         if self.stream is None:
+            begin = time.perf_counter()
             host.copy_(device)
+            self._seconds += time.perf_counter() - begin
             return _Done()
         filled = torch.cuda.current_stream(device.device).record_event()
         self.stream.wait_event(filled)
         with torch.cuda.stream(self.stream):
+            start = self._event()
             host.copy_(device, non_blocking=True)
-            return self.stream.record_event()
+            return self._finish(start)
 
     def to_device(self, device: Tensor, host: Tensor) -> None:
         if self.stream is None:
+            begin = time.perf_counter()
             device.copy_(host)
+            self._seconds += time.perf_counter() - begin
             return
         with torch.cuda.stream(self.stream):
+            start = self._event()
             device.copy_(host, non_blocking=True)
-            copied = self.stream.record_event()
+            copied = self._finish(start)
         torch.cuda.current_stream(device.device).wait_event(copied)
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def _finish(self, start: torch.cuda.Event) -> torch.cuda.Event:
+        end = self._event()
+        self._timed.append((start, end))
+        return end
+
+    def seconds(self) -> float:
+        """Seconds spent copying so far (copies still running on the device not counted
+        yet); reading it never waits for the device."""
+        while self._timed and self._timed[0][1].query():
+            start, end = self._timed.pop(0)
+            self._seconds += start.elapsed_time(end) / 1e3
+        return self._seconds
 
 
 class _GateOpener:
@@ -120,6 +148,19 @@ class HostStaging:
         """A flat host buffer (pinned beside a GPU) for `tensor`'s elements."""
         return torch.zeros(tensor.numel(), dtype=tensor.dtype, pin_memory=self._pin)
 
+    def host_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
+        """An uninitialised host tensor (pinned beside a GPU) of `shape` and `dtype`."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self._pin)
+
+    def copy_to_host(self, host: Tensor, device: Tensor) -> _Event:
+        """Start copying `device` into `host` after the compute stream's work so far;
+        returns the copy's event (already complete on the CPU)."""
+        return self._copies.to_host(host, device)
+
+    def copy_to_device(self, device: Tensor, host: Tensor) -> None:
+        """Copy `host` into `device`, ahead of the compute stream's next work."""
+        self._copies.to_device(device, host)
+
     def submit(self, engine: Engine, device: Tensor, host: Tensor, *, op: str = "average",
                compression: str = "none") -> Handle:
         """Copy `device` into `host` and queue `host`'s allreduce, gated on the copy."""
@@ -128,9 +169,11 @@ class HostStaging:
         self._opener.open_when(copied, handle)
         return handle
 
-    def fetch(self, host: Tensor, device: Tensor) -> None:
-        """Copy the reduced `host` into `device`, ahead of the compute stream's next work."""
-        self._copies.to_device(device, host)
+    @property
+    def copy_seconds(self) -> float:
+        """Seconds the copies between device and host have taken so far, both ways (the
+        cost staging adds; on a GPU it runs beside compute). Never waits for the device."""
+        return self._copies.seconds()
 
     def close(self) -> None:
         """Stop the helper thread (after every submitted operation's gate is open)."""

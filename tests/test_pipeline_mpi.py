@@ -33,6 +33,14 @@ def test_replicated_stage_2_1_bitwise_identical():
     assert "replicas bitwise identical" in out and "reference" in out, out
 
 
+@pytest.mark.skipif(not engine_available(), reason="pipesgd engine not built (make build)")
+def test_host_staging_leaves_training_bitwise_unchanged_and_orders_sends():
+    out = run_mpi(4, "pipeline_staging.py", timeout=120).stdout
+    for name in ("1f1b 1-1-1-1", "gpipe 2-1-1", "1f1b-rr 2-2 K=2 quant8", "async 1-1-1-1"):
+        assert f"{name}: staged == plain" in out, out
+    assert "deferred sends: posted in order once copied" in out and "OK" in out, out
+
+
 def test_shape_mismatch_raises_on_both_sides():
     out = run_mpi(2, "pipeline_mismatch.py", timeout=60).stdout
     assert "rank 0 raised StageMismatchError" in out, out

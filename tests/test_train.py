@@ -5,6 +5,7 @@ import argparse
 import pytest
 import torch
 
+from pipesgd.device import run_device
 from pipesgd.train import cli, data, loop
 
 
@@ -150,11 +151,11 @@ def test_device_defaults_to_cuda_where_it_is_and_is_checked() -> None:
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert cli.config_from_args(parse()).device == expected
     assert cli.config_from_args(parse("--device", "cpu")).device == "cpu"
-    assert loop.run_device("cpu", MPI.COMM_SELF) == torch.device("cpu")
+    assert run_device("cpu", MPI.COMM_SELF) == torch.device("cpu")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
-        loop.run_device("tpu", MPI.COMM_SELF)
+        run_device("tpu", MPI.COMM_SELF)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available on this machine"):
-            loop.run_device("cuda", MPI.COMM_SELF)
+            run_device("cuda", MPI.COMM_SELF)
     with pytest.raises(SystemExit):
         parse("--device", "tpu")

@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from pipesgd.device import add_device_argument, run_device
 from pipesgd.model_names import HELP, layer_model, parse_shape
 
 from .auto_plan import AUTO, plan_argument
@@ -70,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{DEFAULT_LR['cnn']} otherwise: the CNN diverges at 0.05)")
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    add_device_argument(parser)
     parser.add_argument("--vertical-sync", action="store_true")
     parser.add_argument("--compression", choices=("none", "trunc16", "quant8"), default="none",
                         help="all-reduce compression of replicated stages")
@@ -236,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
                         lr=lr, momentum=args.momentum, seed=args.seed,
                         vertical_sync=args.vertical_sync, compression=args.compression,
                         staleness=args.staleness, pipemare=pipemare,
-                        recompute=recompute_stages(args.recompute))
+                        recompute=recompute_stages(args.recompute),
+                        device=run_device(args.device, comm))
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):
@@ -257,8 +260,9 @@ def run(args: argparse.Namespace) -> int:
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.3f}")
 
+            # without a bar, nothing reads each loss (on a GPU that would wait for it)
             stats = pipe.train_epoch(stream, epoch, max_micro_batches=limit,
-                                     on_micro_batch=tick)
+                                     on_micro_batch=tick if bar is not None else None)
             if bar is not None:
                 bar.close()
             history.append(stats.to_dict())

@@ -6,7 +6,14 @@ then the payload. Tags are per (micro-batch, direction): a receive can be posted
 before its send, and messages between the same two ranks never cross. Sends are
 `Isend`s whose buffers are kept until they complete, so a send never blocks and the
 order of sends and receives in a schedule cannot deadlock by itself (schedule.simulate
-checks the rest). CUDA tensors are staged through host memory.
+checks the rest).
+
+Tensors on a GPU travel through pinned host buffers (`pipesgd.staging.HostStaging`),
+ordered by CUDA events, never by synchronizing the device: a send starts its copy to
+the host behind the compute stream's work so far and posts its header at once; its
+payload is posted once the copy has completed (checked after every action, waited for
+only before this rank blocks: `flush`). A receive lands in a pinned buffer whose copy to
+the device runs on the side stream, and the compute stream waits for that copy's event.
 
 Before the first micro-batch, `handshake` sends each stage's output spec downstream;
 the receiving stage tries its layers on it and answers. A mismatch raises
@@ -24,6 +31,7 @@ from mpi4py import MPI
 from torch import Tensor
 
 from pipesgd.polling import Polling, wait_politely
+from pipesgd.staging import HostStaging
 
 from .plan import Plan
 from .schedule import Action
@@ -72,10 +80,27 @@ def _host_view(t: Tensor) -> np.ndarray:
     return t.numpy()
 
 
-class StageLink:
-    """Point-to-point traffic of one stage replica with its neighbours."""
+@dataclass
+class _Deferred:
+    """A payload waiting for its copy to the host: posted once `copied` completes."""
 
-    def __init__(self, comm: MPI.Comm, plan: Plan, rank: int) -> None:
+    copied: object  # the copy's event (query / synchronize)
+    dst: int
+    tag: int
+    host: Tensor
+    source: Tensor  # the device tensor, kept alive until the copy has read it
+
+
+class StageLink:
+    """Point-to-point traffic of one stage replica with its neighbours.
+
+    Args:
+        staging: stages tensors through host buffers (None: send and receive host tensors
+            directly; a GPU tensor then raises).
+    """
+
+    def __init__(self, comm: MPI.Comm, plan: Plan, rank: int,
+                 staging: HostStaging | None = None) -> None:
         self.comm = comm.Dup()
         self.plan = plan
         self.rank = rank
@@ -83,6 +108,8 @@ class StageLink:
         ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self._tag_period = max(1, (ub - 16) // 4)
         self._sends: list[tuple[MPI.Request, object]] = []
+        self._deferred: list[_Deferred] = []  # in send order
+        self.staging = staging
         self._headers: dict[tuple[int, int], tuple[MPI.Request, np.ndarray]] = {}
         self.expected_in: TensorSpec | None = None
         self.expected_out: TensorSpec | None = None
@@ -100,9 +127,6 @@ class StageLink:
         """Post the header and payload of `action` (SF or SB) to rank `dst`; never blocks."""
         direction = ACT if action.kind == "SF" else GRAD
         t = tensor.detach()
-        if t.is_cuda:
-            t = t.to("cpu")
-        t = t.contiguous()
         if t.dtype not in DTYPES or t.dim() > MAX_DIMS:
             raise StageMismatchError(
                 f"{self._label(self.stage, self.rank)} cannot send a {t.dtype} tensor with "
@@ -113,10 +137,48 @@ class StageLink:
                       DTYPES[t.dtype], t.dim()]
         header[8 : 8 + t.dim()] = t.shape
         tag = self._tag(action.mb, direction)
-        payload = _host_view(t)
         self._sends.append((self.comm.Isend(header, dest=dst, tag=tag), header))
-        self._sends.append((self.comm.Isend(payload, dest=dst, tag=tag + 1), t))
         self.bytes_sent += t.numel() * t.element_size()
+        if self.staging is None:
+            self._check_host(t.device, "send")
+            t = t.contiguous()
+            self._sends.append((self.comm.Isend(_host_view(t), dest=dst, tag=tag + 1), t))
+            return
+        host = self.staging.host_empty(t.shape, t.dtype)
+        copied = self.staging.copy_to_host(host, t)
+        self._deferred.append(_Deferred(copied, dst, tag + 1, host, t))
+        self._post_copied(wait=False)
+
+    def _check_host(self, device: torch.device, what: str) -> None:
+        if device.type != "cpu":
+            raise ValueError(
+                f"{self._label(self.stage, self.rank)} cannot {what} a tensor on {device} "
+                "without host staging: build the Pipeline with device= (it stages GPU "
+                "tensors through pinned host buffers)"
+            )
+
+    def _post_copied(self, wait: bool) -> None:
+        """Post the deferred payloads whose copies have completed, in send order; with
+        `wait`, wait for every copy first (before this rank blocks)."""
+        while self._deferred:
+            d = self._deferred[0]
+            if wait:
+                d.copied.synchronize()  # type: ignore[attr-defined]
+            elif not d.copied.query():  # type: ignore[attr-defined]
+                return
+            self._deferred.pop(0)
+            self._sends.append((self.comm.Isend(_host_view(d.host), dest=d.dst, tag=d.tag),
+                                d.host))
+
+    def flush(self) -> None:
+        """Post every payload still waiting for its copy to the host (waiting for those
+        copies): call before blocking on anything a neighbour may need these sends for."""
+        self._post_copied(wait=True)
+
+    @property
+    def deferred(self) -> int:
+        """Payloads whose copy to the host has not completed yet (not posted)."""
+        return len(self._deferred)
 
     # ------------------------------------------------------------------ receive
     def post(self, action: Action, src: int) -> None:
@@ -134,6 +196,7 @@ class StageLink:
         self.post(action, src)
         direction = ACT if action.kind == "RF" else GRAD
         req, header = self._headers.pop((action.mb, direction))
+        self.flush()  # the neighbour may wait for this rank's sends before sending
         wait_politely(req, self._polling)
         src_stage = action.stage - 1 if direction == ACT else action.stage + 1
         what = "activation" if direction == ACT else "gradient"
@@ -153,16 +216,25 @@ class StageLink:
                 f"{me} expected the {what} of micro-batch {action.mb} from {them} as "
                 f"{expected} but received {spec}"
             )
-        out = torch.empty(spec.shape, dtype=spec.dtype)
+        device = device or torch.device("cpu")
+        if self.staging is None:
+            self._check_host(device, "receive")
+            out = torch.empty(spec.shape, dtype=spec.dtype)
+        else:
+            out = self.staging.host_empty(spec.shape, spec.dtype)
         wait_politely(self.comm.Irecv(_host_view(out), source=src,
                                       tag=self._tag(action.mb, direction) + 1), self._polling)
-        if device is not None and device.type != "cpu":
-            out = out.to(device)
+        if self.staging is not None:
+            on_device = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+            self.staging.copy_to_device(on_device, out)
+            out = on_device
         return out, int(header[5])
 
     # ------------------------------------------------------------------ progress
     def progress(self) -> None:
-        """Free the buffers of completed sends (also drives MPI progress)."""
+        """Post the payloads whose copies have completed; free the buffers of completed
+        sends (also drives MPI progress)."""
+        self._post_copied(wait=False)
         if self._sends:
             done = MPI.Request.Testall([r for r, _ in self._sends])
             if done:
@@ -171,7 +243,8 @@ class StageLink:
                 self._sends = [(r, b) for r, b in self._sends if not r.Test()]
 
     def drain(self) -> None:
-        """Wait for every posted send; fail if a posted receive was never used."""
+        """Wait for every send; fail if a posted receive was never used."""
+        self.flush()
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends.clear()
         if self._headers:

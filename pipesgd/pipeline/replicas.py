@@ -11,7 +11,11 @@ all-reduced in buckets) and how many micro-batches it summed; the stage then app
 sum / count. A replica without a micro-batch in the last round (uneven counts) joins
 with zeros and count 0, so the average stays exact. Staleness K follows the Pipe-SGD
 optimizer's schedule (`pipesgd.delay`): round t applies the aggregate launched K-1 rounds
-earlier (K = 1 is synchronous); the rest is applied when the epoch drains.
+earlier (K = 1 is synchronous); the rest is applied when the epoch drains. A stage on a
+GPU reduces through host staging (`pipesgd.staging`): a device copy of the round's sum
+(the next backward overwrites the stage's buffer) goes to a pinned host buffer on a side
+stream, each bucket's all-reduce opens when its copy has completed, and the aggregate
+returns to the device ahead of the update.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from torch import Tensor, nn
 
 from pipesgd.broadcast import broadcast_parameters
 from pipesgd.delay import DelayedQueue, DelaySchedule
+from pipesgd.staging import HostStaging
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -69,6 +74,7 @@ class ReplicaGradientSync:
         compression: "none", "trunc16" or "quant8" (engine compression of the gradient).
         staleness: 1 = synchronous; K = apply the aggregate of K-1 rounds ago.
         bucket_bytes: size of each all-reduce of the flat gradient.
+        staging: reduce through host copies (None: the gradient is on the host).
     """
 
     def __init__(
@@ -78,6 +84,7 @@ class ReplicaGradientSync:
         compression: str = "none",
         staleness: int = 1,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        staging: HostStaging | None = None,
     ) -> None:
         try:
             import pipesgd
@@ -92,7 +99,10 @@ class ReplicaGradientSync:
         self.engine = engine_cls(comm)
         self.compression = compression
         self.bucket_bytes = bucket_bytes
-        self._pending: DelayedQueue[tuple[list, Tensor, Tensor]] = DelayedQueue(self.schedule)
+        self.staging = staging
+        # (handles, host sum, host count, the device copy being staged or None)
+        self._pending: DelayedQueue[tuple[list, Tensor, Tensor, Tensor | None]] = \
+            DelayedQueue(self.schedule)
         self._round = 0  # update rounds submitted
 
     @property
@@ -100,24 +110,37 @@ class ReplicaGradientSync:
         return self.schedule.staleness
 
     def submit(self, flat_sum: Tensor, count: float) -> None:
-        buf = flat_sum.detach().to("cpu", copy=True).contiguous()
         counter = torch.tensor([float(count)], dtype=torch.float64)
-        step = max(1, self.bucket_bytes // max(1, buf.element_size()))
-        handles = [
-            self.engine.allreduce_async(buf[i : i + step], op="sum", compression=self.compression)
-            for i in range(0, buf.numel(), step)
-        ]
+        step = max(1, self.bucket_bytes // max(1, flat_sum.element_size()))
+        spans = [slice(i, i + step) for i in range(0, flat_sum.numel(), step)]
+        staged: Tensor | None = None
+        if self.staging is None:
+            buf = flat_sum.detach().to("cpu", copy=True).contiguous()
+            handles = [self.engine.allreduce_async(buf[s], op="sum",
+                                                   compression=self.compression)
+                       for s in spans]
+        else:
+            staged = flat_sum.detach().clone()
+            buf = self.staging.host_empty(staged.shape, staged.dtype)
+            handles = [self.staging.submit(self.engine, staged[s], buf[s], op="sum",
+                                           compression=self.compression)
+                       for s in spans]
         handles.append(self.engine.allreduce_async(counter, op="sum", compression="none"))
-        self._pending.push(self._round, (handles, buf, counter))
+        self._pending.push(self._round, (handles, buf, counter, staged))
         self._round += 1
 
-    @staticmethod
-    def _finish(entry: tuple[list, Tensor, Tensor]) -> list[Tensor]:
-        handles, buf, counter = entry
+    def _finish(self, entry: tuple[list, Tensor, Tensor, Tensor | None]) -> list[Tensor]:
+        handles, buf, counter, staged = entry
         for h in handles:
             h.wait()
         count = float(counter.item())
-        return [buf / count] if count > 0 else []
+        if count <= 0:
+            return []
+        if staged is None or self.staging is None:
+            return [buf / count]
+        out = torch.empty_like(staged)
+        self.staging.copy_to_device(out, buf)
+        return [out.div_(count)]
 
     def ready(self) -> list[Tensor]:
         """The aggregate due in the round just submitted, if any (and if any replica

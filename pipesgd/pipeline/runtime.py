@@ -21,6 +21,8 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
+from pipesgd.staging import HostStaging
+
 from . import schedule as sched
 from .data import MicroBatches
 from .evaluate import Evaluation, evaluate
@@ -90,6 +92,12 @@ class Pipeline:
             a replicated stage start from its first replica's parameters and buffers
             (broadcast at construction), however each rank built them.
         input_shape: one sample's shape when `model` is a plain list of layers.
+        device: where this rank's stage computes (`pipesgd.device()` gives the rank's
+            GPU); None: where the model builds its layers (the CPU). Inputs and labels
+            move to it; activations and gradients cross ranks through host staging.
+        staging: move activations, gradients and replica all-reduces through host
+            buffers ordered by events (`pipesgd.staging`); None: where the stage is on a
+            GPU. True on the CPU runs the same path without one (for tests).
 
     Raises:
         PlanError: the plan does not fit the model or the number of ranks.
@@ -114,6 +122,8 @@ class Pipeline:
         record_timeline: bool = True,
         pipemare: PipeMareOptions | None = None,
         recompute: bool | Sequence[int] = False,
+        device: torch.device | str | None = None,
+        staging: bool | None = None,
     ) -> None:
         if not isinstance(model, LayerModel):
             model = from_modules(list(model), input_shape=(), num_classes=0)
@@ -150,6 +160,14 @@ class Pipeline:
             )
         self.weight_policy = weight_policy
         module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
+        if device is not None:
+            module = module.to(device)
+        self.device = _module_device(module)
+        if staging is False and self.device.type != "cpu":
+            raise ValueError(f"stage {self.stage_id} is on {self.device}, and MPI and the "
+                             "engine read host memory: leave staging=None (or True)")
+        self.staging = HostStaging(self.device) \
+            if staging or self.device.type != "cpu" else None
         # Collective over comm: every rank splits, each stage gets its replicas' group.
         self.stage_comm = self.comm.Split(self.stage_id, self.replica)
         if self.stage_plan.replicas > 1:
@@ -171,11 +189,12 @@ class Pipeline:
         )
         if self.stage_plan.replicas > 1:
             self.sync: LocalGradients | ReplicaGradientSync = ReplicaGradientSync(
-                self.stage_comm, compression=compression, staleness=staleness
+                self.stage_comm, compression=compression, staleness=staleness,
+                staging=self.staging,
             )
         else:
             self.sync = LocalGradients()
-        self.link = StageLink(self.comm, plan, self.rank)
+        self.link = StageLink(self.comm, plan, self.rank, staging=self.staging)
         label = f"stage {self.stage_id}" + (
             f" replica {self.replica}" if self.stage_plan.replicas > 1 else ""
         )
@@ -269,7 +288,10 @@ class Pipeline:
         self._grad_in: dict[int, Tensor] = {}
         self._last_round = max((a.mb for a in acts if a.kind == "U"), default=-1)
         self._live_ok = no_step_between_forward_and_backward(acts)
-        self._loss_sum, self._correct, self._seen = 0.0, 0, 0
+        # floats, or tensors summed on the device (see _forward)
+        self._loss_sum: float | Tensor = 0.0
+        self._correct: int | Tensor = 0
+        self._seen = 0
         if not self.record_timeline:
             self.timeline.clear()
 
@@ -308,8 +330,8 @@ class Pipeline:
             "stage": self.stage_id,
             "seconds": elapsed,
             "busy": self.timeline.busy(),
-            "loss": self._loss_sum,
-            "correct": self._correct,
+            "loss": float(self._loss_sum),
+            "correct": int(self._correct),
             "seen": self._seen,
             "versions": self.stage.policy.peak_versions,
             "stash": self.stage.policy.peak_bytes / 2**20,
@@ -358,7 +380,7 @@ class Pipeline:
         # with a stack trace, ~0.1 ms per micro-batch.
         seed = (self.seed * 1_000_003 + self._epoch * 100_019 + mb) * 131 + self.stage_id
         torch.default_generator.manual_seed(seed)
-        device = self.stage.grad_sum.device
+        device = self.device
         if device.type == "cuda":
             index = torch.cuda.current_device() if device.index is None else device.index
             torch.cuda.default_generators[index].manual_seed(seed)
@@ -366,19 +388,25 @@ class Pipeline:
     def _forward(self, a: Action) -> None:
         self._seed(a.mb)
         if self.first:
-            x, version = self._data.inputs(self._epoch, a.mb), None
+            x, version = self._data.inputs(self._epoch, a.mb).to(self.device), None
         else:
             x, version = self._inputs.pop(a.mb)
         out, used = self.stage.forward(a.mb, x, version, a.mb in self._live_ok)
         if self.last:
-            y = self._data.labels(self._epoch, a.mb)
-            loss = self.stage.loss(a.mb, y)
-            value = float(loss.detach())
-            self._loss_sum += value * len(y)
-            self._correct += int((out.detach().argmax(dim=1) == y).sum())
+            y = self._data.labels(self._epoch, a.mb).to(self.device)
+            loss = self.stage.loss(a.mb, y).detach()
+            correct = (out.detach().argmax(dim=1) == y).sum()
+            if loss.is_cuda and self._on_mb is None:
+                # summed on the device: reading them each micro-batch would wait for it
+                self._loss_sum += loss.double() * len(y)
+                self._correct += correct
+            else:
+                value = float(loss)
+                self._loss_sum += value * len(y)
+                self._correct += int(correct)
+                if self._on_mb is not None:
+                    self._on_mb(a.mb, value)
             self._seen += len(y)
-            if self._on_mb is not None:
-                self._on_mb(a.mb, value)
         else:
             self._outputs[a.mb] = (out, used)
 
@@ -399,8 +427,7 @@ class Pipeline:
             self.link.send(self._grad_in.pop(a.mb), a, dst)
 
     def _recv(self, a: Action) -> None:
-        device = self.stage.grad_sum.device
-        t, version = self.link.recv(a, sched.peer(self.plan, a), device)
+        t, version = self.link.recv(a, sched.peer(self.plan, a), self.device)
         if a.kind == "RF":
             self._inputs[a.mb] = (t, version)
         else:
@@ -414,6 +441,8 @@ class Pipeline:
         if self.stage_plan.replicas == 1:
             flat, count = self.stage.take_gradient()
             self.sync.submit(flat, count)
+        else:
+            self.link.flush()  # the other replicas' rounds may wait for this rank's sends
         grads = self.sync.flush() if a.mb == self._last_round else self.sync.ready()
         for g in grads:
             self.stage.step(g)
@@ -447,6 +476,8 @@ class Pipeline:
     def close(self) -> None:
         """Release the communicators and the engine of a replicated stage."""
         self.sync.shutdown()
+        if self.staging is not None:
+            self.staging.close()
         self.link.close()
         self.stage_comm.Free()
 
@@ -463,6 +494,13 @@ class ActionTimes:
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s + self.update_s
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    """Where `module` computes: its first parameter's or buffer's device (CPU if none)."""
+    for t in (*module.parameters(), *module.buffers()):
+        return t.device
+    return torch.device("cpu")
 
 
 def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32) -> ActionTimes:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesgd.buffers import COMPRESSIONS
+from pipesgd.device import add_device_argument
 from pipesgd.model_names import BUILTIN, HELP, load_model_function
 from pipesgd.optim import OVERLAP_MODES
 
@@ -28,12 +29,6 @@ PRESETS: dict[str, tuple[int, str]] = {
     "pipesgd+t": (2, "trunc16"),
     "pipesgd+q": (2, "quant8"),
 }
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,10 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the timing model predicts fastest")
     parser.add_argument("--channels-last", action="store_true",
                         help="CNN in NHWC layout (oneDNN's faster convolutions on CPU)")
-    parser.add_argument("--device", choices=("cpu", "cuda"),
-                        default="cuda" if _cuda_available() else "cpu",
-                        help="cuda: each rank on the GPU of its node-local rank "
-                             "(default: cuda where available)")
+    add_device_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", metavar="DIR", help="save a checkpoint every epoch")
     parser.add_argument("--resume", action="store_true",

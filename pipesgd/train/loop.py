@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipesgd.broadcast import broadcast_parameters
-from pipesgd.device import device as pipesgd_device
+from pipesgd.device import run_device
 from pipesgd.model_names import layer_model
 from pipesgd.optim import DistributedOptimizer, StepTiming
 from pipesgd.train.data import Dataset, ShardedBatches, load
@@ -223,23 +223,6 @@ def prepare(config: TrainConfig) -> tuple[Dataset, nn.Module]:
         dataset = replace(dataset, train_x=dataset.train_x.contiguous(
             memory_format=torch.channels_last))
     return dataset, model
-
-
-DEVICES = ("cpu", "cuda")
-
-
-def run_device(name: str, comm: MPI.Comm) -> torch.device:
-    """The device a run named `name` computes on: the CPU, or this rank's GPU.
-
-    Raises:
-        ValueError: an unknown name, or "cuda" where CUDA is not available.
-    """
-    if name not in DEVICES:
-        raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available on this machine: "
-                         "use --device cpu")
-    return pipesgd_device(comm) if name == "cuda" else torch.device("cpu")
 
 
 def parameter_digest(model: nn.Module) -> str:

@@ -5,6 +5,7 @@ on the CPU in tests/mpi/optim_staging.py and tests/test_optim_amp.py."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -73,3 +74,29 @@ def test_mixed_precision_skips_the_poisoned_gradient_on_cuda(engine) -> None:
     model, scales = train(engine, "cuda", staleness=2, poison_at=3, amp=True)
     assert scales[4] == scales[3] / 2  # the step that applied iteration 3's gradient
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_step_returns_while_the_gpu_is_still_busy(engine) -> None:
+    """K = 2: step() queues its buckets behind events and applies last iteration's
+    aggregate without waiting for the device (no synchronize on the compute thread)."""
+    model = make_model("cuda")
+    opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                               model.named_parameters(), staleness=2, engine=engine)
+    x, y = torch.randn(16, 32, device="cuda"), torch.randint(0, 10, (16,), device="cuda")
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.synchronize()
+    torch.cuda.synchronize()
+    opt.zero_grad()
+    torch.cuda._sleep(500_000_000)  # the backward below queues behind a long kernel
+    F.cross_entropy(model(x), y).backward()
+    begin = time.perf_counter()
+    opt.step()
+    took = time.perf_counter() - begin
+    busy = not torch.cuda.current_stream().query()
+    opt.synchronize()
+    torch.cuda.synchronize()
+    assert busy and took < 0.05, (busy, took)
+    assert opt.staging_seconds > 0
