@@ -400,3 +400,54 @@ def test_described_cluster_host_rates_scale_together():
     for bad in (0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="host_gbps must be a positive number"):
             describe_cluster("10Gbit", "20us", host_gbps=bad)
+
+
+def test_host_staging_adds_two_copies_per_bucket_where_communication_shows():
+    # δ = 1 ns/B: each byte of the 4 MB gradient crosses to the host and back: 8 ms
+    pr, staged, plain = prof(), net(device_copy_s_per_byte=1e-9), net()
+    assert ring_allreduce_cost(4e6, 4, staged).staging == pytest.approx(8e-3)
+    d, d0 = predict(pr, staged, 4, staleness=1), predict(pr, plain, 4, staleness=1)
+    assert d.predicted_s == pytest.approx(d0.predicted_s + 8e-3)
+    assert d.breakdown["staging"] == pytest.approx(8e-3)
+    assert d0.breakdown["staging"] == 0.0
+    assert sum(d.breakdown.values()) == pytest.approx(d.predicted_s)
+    # Pipe-SGD: hidden while compute (35 ms) is the longer side ...
+    p = predict(pr, staged, 4, staleness=2)
+    assert p.predicted_s == pytest.approx(0.035) and p.breakdown["staging"] == 0.0
+    # ... and exposed where communication is (a 10x slower copy: 80 ms of staging)
+    slow = predict(pr, net(device_copy_s_per_byte=1e-8), 4, staleness=2)
+    assert slow.predicted_s == pytest.approx(
+        ring_allreduce_cost(4e6, 4, net(device_copy_s_per_byte=1e-8)).wall())
+    # the exposed part of communication, split in proportion: staging's share is 80 ms
+    exposed = slow.predicted_s - 0.035
+    assert slow.breakdown["staging"] == pytest.approx(exposed * 0.08 / slow.predicted_s)
+    assert sum(slow.breakdown.values()) == pytest.approx(slow.predicted_s)
+    # overlapping with backward: each bucket carries its own copies
+    b4 = predict(pr, staged, 4, staleness=1, overlap="backward", segments=4)
+    one = ring_allreduce_cost(1e6, 4, staged).wall()
+    assert b4.predicted_s == pytest.approx(0.035 + one)
+    assert one == pytest.approx(ring_allreduce_cost(1e6, 4, plain).wall() + 2e-3)
+
+
+def test_device_copy_rate_described_and_checked():
+    from pipesgd.timing.cluster import with_device_copy
+
+    gpu = describe_cluster("10Gbit", "20us", device_gbps=25)
+    assert gpu.device_copy_s_per_byte == pytest.approx(1 / 25e9)
+    assert describe_cluster("10Gbit", "20us").device_copy_s_per_byte == 0.0
+    assert with_device_copy(gpu, None) is gpu
+    for bad in (0, -1, float("inf"), "fast", True):
+        with pytest.raises(ValueError, match="device_gbps must be a positive number"):
+            with_device_copy(gpu, bad)
+    with pytest.raises(ValueError, match="device_copy_s_per_byte must be >= 0"):
+        net(device_copy_s_per_byte=-1e-9)
+    again = NetworkParams.from_dict(gpu.to_dict())
+    assert again.device_copy_s_per_byte == gpu.device_copy_s_per_byte
+    old = {k: v for k, v in gpu.to_dict().items() if k != "device_copy_s_per_byte"}
+    assert NetworkParams.from_dict(old).device_copy_s_per_byte == 0.0  # files from before
+
+
+def test_nothing_is_staged_from_the_cpu():
+    from pipesgd.timing.network import measure_device_copy
+
+    assert measure_device_copy("cpu") == 0.0

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipesgd.device import add_device_argument, run_device
 from pipesgd.model_names import add_model_arguments, model_shape
 from pipesgd.timing.cluster import HOST_CPU_DEFAULTS
 from pipesgd.timing.paper import BENCHMARKS
@@ -34,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m = sub.add_parser("measure", help="measure α, β, γ, S and kernel costs (under mpirun)")
     m.add_argument("--json", help="write the figures here (rank 0)")
     m.add_argument("--repeats", type=int, default=20)
+    add_device_argument(m)  # on a GPU, also the copy rate between it and the host (δ)
 
     for name, text in (("predict", "predict and rank every configuration"),
                        ("project", "iteration time and scaling efficiency for p = 2..256")):
@@ -52,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         s.add_argument("--ranks-per-host", type=int,
                        help="ranks per host (default: 1 by hand, measured with --network)")
         s.add_argument("--host-gbps", type=float, help=HOST_GBPS_HELP)
+        s.add_argument("--device-gbps", type=float,
+                       help="GB/s of a copy between each rank's GPU and pinned host memory "
+                            "(PCIe, e.g. 25): count host staging of the gradients at it "
+                            "(default: a measured network's own, else none)")
         s.add_argument("--json", help="write the predictions here")
     pr = sub.choices["predict"]
     pr.add_argument("-p", "--ranks", type=int, required=True, dest="p", help="number of ranks")
@@ -98,7 +104,8 @@ def _measure(args: argparse.Namespace) -> int:
 
     from pipesgd.timing.network import measure_network
 
-    net = measure_network(MPI.COMM_WORLD, repeats=args.repeats)
+    device = run_device(args.device, MPI.COMM_WORLD)
+    net = measure_network(MPI.COMM_WORLD, repeats=args.repeats, device=device)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(format_network(net))
         if args.json:
@@ -123,6 +130,10 @@ def format_network(net: Any) -> str:
         f"  copy   {net.copy_s_per_byte * 1e9:10.4f} ns/B      memcpy, one core",
         f"  S      {net.sync_s * 1e6:10.2f} us        barrier",
     ]
+    if net.device_copy_s_per_byte:
+        lines.append(f"  delta  {net.device_copy_s_per_byte * 1e9:10.4f} ns/B      "
+                     f"= {1e-9 / net.device_copy_s_per_byte:.2f} GB/s GPU <-> pinned host "
+                     "(staging)")
     for mode, k in net.kernels.items():
         lines.append(f"  {mode:<7} ns/B: encode {k.encode * 1e9:.4f}  decode_add_encode "
                      f"{k.decode_add_encode * 1e9:.4f}  decode {k.decode * 1e9:.4f}  "
@@ -151,7 +162,7 @@ def load_profile(args: argparse.Namespace) -> Any:
 
 
 def load_network(args: argparse.Namespace) -> Any:
-    from pipesgd.timing.cluster import describe_cluster
+    from pipesgd.timing.cluster import describe_cluster, with_device_copy
     from pipesgd.timing.network import NetworkParams
 
     if args.network and args.bandwidth:
@@ -165,13 +176,14 @@ def load_network(args: argparse.Namespace) -> Any:
             net.cores = args.cores
         if args.ranks_per_host:
             net.ranks_per_host = args.ranks_per_host
-        return net
+        return with_device_copy(net, args.device_gbps)
     if not args.bandwidth:
         raise ValueError("say what network to predict for: --network net.json (from "
                          "`mpirun -n P pipesgd timing measure --json net.json`) or "
                          "--bandwidth 10Gbit --latency 20us")
     return describe_cluster(args.bandwidth, args.latency, cores=args.cores,
-                            ranks_per_host=args.ranks_per_host or 1, host_gbps=args.host_gbps)
+                            ranks_per_host=args.ranks_per_host or 1, host_gbps=args.host_gbps,
+                            device_gbps=args.device_gbps)
 
 
 def load_measured(path: str) -> dict[tuple[int, str, str], float]:
@@ -234,7 +246,12 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _project(args: argparse.Namespace) -> int:
-    from pipesgd.timing.cluster import describe_cluster, describe_host, named_cluster
+    from pipesgd.timing.cluster import (
+        describe_cluster,
+        describe_host,
+        named_cluster,
+        with_device_copy,
+    )
     from pipesgd.timing.network import NetworkParams
     from pipesgd.timing.report import format_projection, projection
 
@@ -246,10 +263,11 @@ def _project(args: argparse.Namespace) -> int:
         clusters[f"{args.bandwidth}/{args.latency}"] = describe_cluster(
             args.bandwidth, args.latency, cores=args.cores,
             ranks_per_host=args.ranks_per_host or 1, cpu_from=cpu_from,
-            host_gbps=args.host_gbps)
+            host_gbps=args.host_gbps, device_gbps=args.device_gbps)
     else:
         for name in args.clusters.split(","):
-            clusters[name] = named_cluster(name.strip(), cpu_from, args.host_gbps)
+            clusters[name] = with_device_copy(
+                named_cluster(name.strip(), cpu_from, args.host_gbps), args.device_gbps)
     prof = load_profile(args)
     rows = projection(prof, clusters)
     print(f"model {prof.model}, batch {prof.batch_size}/rank, compute scaled by 1/"

@@ -124,6 +124,23 @@ def scale_host(net: NetworkParams, host_gbps: float) -> NetworkParams:
                                copy_s_per_byte=net.copy_s_per_byte * factor, kernels=kernels)
 
 
+def with_device_copy(net: NetworkParams, device_gbps: float | None) -> NetworkParams:
+    """`net` with ranks on GPUs whose copies to and from pinned host memory run at
+    `device_gbps` GB/s (δ = 1 / device_gbps), so predictions count host staging; None:
+    `net` as it is.
+
+    Raises:
+        ValueError: `device_gbps` is not a positive number.
+    """
+    if device_gbps is None:
+        return net
+    if not (isinstance(device_gbps, int | float) and not isinstance(device_gbps, bool)
+            and device_gbps > 0 and math.isfinite(device_gbps)):
+        raise ValueError(f"device_gbps must be a positive number of GB/s (a GPU's copy rate "
+                         f"to pinned host memory, e.g. --device-gbps 25), got {device_gbps!r}")
+    return dataclasses.replace(net, device_copy_s_per_byte=1e-9 / device_gbps)
+
+
 def describe_host(net: NetworkParams, host_gbps: float | None = None,
                   cpu_from: NetworkParams | None = None) -> str:
     """One line: the host CPU rates a described cluster uses and where they come from
@@ -151,6 +168,7 @@ def describe_cluster(
     sync: str | float | None = None,
     cpu_from: NetworkParams | None = None,
     host_gbps: float | None = None,
+    device_gbps: float | None = None,
     name: str = "",
 ) -> NetworkParams:
     """A cluster given by hand: link rate, one-way latency α, and the host.
@@ -168,10 +186,14 @@ def describe_cluster(
         host_gbps: GB/s of float32 input one core of the host reduces; γ becomes
             1 / host_gbps and the copy and kernel costs scale by the same factor from
             `HOST_CPU_DEFAULTS` (or `cpu_from`). None: those figures as they are.
+        device_gbps: GB/s of a copy between each rank's GPU and pinned host memory
+            (PCIe); gradients are then staged through the host and predictions count
+            it (`with_device_copy`). None: the gradients live on the host.
         name: label shown in tables.
 
     Raises:
-        ValueError: a malformed rate or latency, or host_gbps not a positive number.
+        ValueError: a malformed rate or latency, or host_gbps or device_gbps not a
+            positive number.
 
     Example:
         >>> net = describe_cluster("10Gbit", "20us")
@@ -200,7 +222,9 @@ def describe_cluster(
         ranks_per_host=ranks_per_host,
         source=name or f"given: {bandwidth} link, {latency} latency",
     )
-    return net if host_gbps is None else scale_host(net, host_gbps)
+    if host_gbps is not None:
+        net = scale_host(net, host_gbps)
+    return with_device_copy(net, device_gbps)
 
 
 # Clusters of the projection table (README): one worker per host, a GPU computing.

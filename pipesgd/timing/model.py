@@ -53,6 +53,12 @@ Extensions (`ring_allreduce_cost`, `predict`):
   moves the bytes (β_cpu > 0, every measured network) kernels and transfer take turns
   on that core and add up, as in eq. 5.
 * Packing gradients into the flat buffer and back (2 n memcpy) is part of the update.
+* Host staging (`device_copy_s_per_byte`, δ, measured on a GPU): gradients on a GPU
+  reach the ring through pinned host buckets, each bucket copied to the host before its
+  allreduce and back after it: 2 b δ more on the comm thread's side per bucket of b
+  bytes (`RingCost.staging`). The copies run on a side stream by DMA, so they take no
+  core and compute does not wait for them: D-Sync pays them on its critical path,
+  Pipe-SGD only where communication is the longer side.
 * Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
   its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
   link idles while the iteration computes, so its first allreduce gains that much;
@@ -77,7 +83,8 @@ DEFAULT_SEGMENT_BYTES = 1 << 20  # the engine's largest (csrc/transport.h); only
 # per-segment scale depends on it
 DEFAULT_BUCKET_BYTES = 25 << 20
 TIE_TOLERANCE = 1e-9
-BREAKDOWN_KEYS = ("update", "forward", "backward", "communication", "compression", "contention")
+BREAKDOWN_KEYS = ("update", "forward", "backward", "communication", "compression", "staging",
+                  "contention")
 
 
 # ------------------------------------------------------------------------------------
@@ -180,7 +187,8 @@ class RingCost:
 
     latency: 2(p-1) α; transfer: 2(p-1) w β; kernels: γ or compression kernels on one
     core that the transfer does not hide (`ring_allreduce_cost`); sync: S; cpu: CPU
-    seconds the comm thread burns (all kernels + 2(p-1) w β_cpu).
+    seconds the comm thread burns (all kernels + 2(p-1) w β_cpu); staging: the bucket's
+    copies from the GPU to the host and back, 2 n δ (DMA: no CPU).
     """
 
     latency: float = 0.0
@@ -188,9 +196,11 @@ class RingCost:
     kernels: float = 0.0
     sync: float = 0.0
     cpu: float = 0.0
+    staging: float = 0.0
 
     def wall(self, kernel_stretch: float = 1.0) -> float:
-        return self.latency + self.transfer + self.kernels * kernel_stretch + self.sync
+        return (self.latency + self.transfer + self.kernels * kernel_stretch + self.sync
+                + self.staging)
 
     def __add__(self, other: RingCost) -> RingCost:
         return RingCost(*(a + b for a, b in zip(dataclasses.astuple(self),
@@ -270,6 +280,7 @@ def ring_allreduce_cost(
         kernels=exposed,
         sync=net.sync_s,
         cpu=kernels + steps * w * net.beta_cpu_s_per_byte,
+        staging=2 * n * net.device_copy_s_per_byte,
     )
 
 
@@ -455,6 +466,7 @@ def predict(
     comm_wall = total.wall(s_comm)
     wire_s = total.latency + total.transfer + total.sync
     kern_s = total.kernels * s_comm
+    stage_s = total.staging
     cpu_bound = R * (t * compute_work + total.cpu) / C
     contention_compute = compute_work * (s_comp - 1)
 
@@ -481,6 +493,7 @@ def predict(
         share = tail / (comm_wall - burst_s) if comm_wall > burst_s else 0.0
         breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
+        breakdown["staging"] = stage_s * share
         # the last ring step of the ranks that leave the allreduce last waits for a core
         last_step_wait = network.load_latency_s if p > 1 else 0.0
         loaded = comm_wall + last_step_wait
@@ -499,6 +512,7 @@ def predict(
             exposed = loaded - compute_work
             breakdown["communication"] = exposed * wire_s / loaded
             breakdown["compression"] = exposed * kern_s / loaded
+            breakdown["staging"] = exposed * stage_s / loaded
             breakdown["contention"] = exposed * (loaded - comm_wall) / loaded
             bound = "communication"
         else:
@@ -506,8 +520,10 @@ def predict(
             bound = "cpu" if cpu_bound > compute_wall and cpu_bound > loaded else "compute"
 
     ms = 1e3
+    staged = f", staging {stage_s * ms:.2f} ms" if stage_s else ""
     why = (f"compute {compute_wall * ms:.2f} ms vs communication {comm_wall * ms:.2f} ms "
-           f"(wire {wire_s * ms:.2f} ms, kernels {kern_s * ms:.2f} ms, L={len(buckets)})")
+           f"(wire {wire_s * ms:.2f} ms, kernels {kern_s * ms:.2f} ms{staged}, "
+           f"L={len(buckets)})")
     if loaded > comm_wall:
         why += f", {loaded * ms:.2f} ms while compute keeps the shared cores busy"
     if bound == "cpu":
@@ -534,6 +550,7 @@ def predict(
             "transfer_s": total.transfer,
             "kernels_s": total.kernels,
             "sync_s": total.sync,
+            "staging_s": stage_s,
             "burst_saving_s": burst_s,
             "load_delay_s": loaded - comm_wall,
             "comm_cpu_s": total.cpu,

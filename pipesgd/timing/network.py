@@ -101,6 +101,10 @@ class NetworkParams:
             the ranks span several nodes (α and β are then those of the network between
             nodes, the ring's slowest edges); None: not measured (one node).
         ranks_per_node: ranks per node where the ranks span several nodes; None otherwise.
+        device_copy_s_per_byte: δ, seconds per byte of a copy between a rank's GPU and
+            pinned host memory (the mean of both directions); each bucket crosses twice
+            when gradients are staged through the host (`pipesgd.staging`). 0: the
+            gradients live on the host (no staging).
         eager_bytes: the largest message whose send completes before its receive is
             posted (the transport's eager limit), between rank 0 and α's peer: the
             bytes a message moves before its receiver asks (a larger one's first
@@ -124,6 +128,7 @@ class NetworkParams:
     node_alpha_s: float | None = None
     node_beta_s_per_byte: float | None = None
     ranks_per_node: int | None = None
+    device_copy_s_per_byte: float = 0.0
     eager_bytes: int = 0
     measured_p: int | None = None
     spread: dict[str, float] = field(default_factory=dict)
@@ -146,7 +151,8 @@ class NetworkParams:
                 f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
-                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s", "eager_bytes"):
+                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s", "eager_bytes",
+                     "device_copy_s_per_byte"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -269,6 +275,33 @@ def measure_kernels(
             ),
         )
     return gamma, copy, kernels, spread
+
+
+def measure_device_copy(device: Any, nbytes: int = 64 << 20, repeats: int = 10) -> float:
+    """δ: seconds per byte of a copy between `device` and pinned host memory, the mean of
+    both directions (median of `repeats` each, timed by CUDA events after a warm-up).
+    0.0 for the CPU, where nothing is staged."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cpu":
+        return 0.0
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def timed(dst: Any, src: Any) -> float:
+        samples = []
+        for i in range(repeats + 1):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            if i:  # the first is the warm-up
+                samples.append(begin.elapsed_time(end) / 1e3)
+        return statistics.median(samples)
+
+    return (timed(on_device, host) + timed(host, on_device)) / (2 * nbytes)
 
 
 _POLITE_POLL_S = 50e-6  # the engine's PIPESGD_POLL_US default
@@ -668,6 +701,7 @@ def measure_network(
     large_bytes: tuple[int, int] = (4 << 20, 16 << 20),
     repeats: int = 20,
     kernel_bytes: int = 32 << 20,
+    device: Any = None,
 ) -> NetworkParams:
     """Measure α, β, β_cpu, γ, S and the kernel costs on the ranks of `comm` (collective).
 
@@ -698,6 +732,9 @@ def measure_network(
       receive (`_measure_eager`): the transport's eager limit (64 KiB less a header for
       Open MPI over TCP).
     * S: one `Barrier`.
+    * δ, where `device` is a GPU: every rank times copies between its GPU and pinned host
+      memory at once (as staging runs them, ranks sharing a bus), the slowest rank's
+      figure (`measure_device_copy`).
 
     Each figure is the median of `repeats`, taken after a warm-up; `spread` holds the
     relative interquartile range. With one rank, α, β and S cannot be measured: they are
@@ -735,6 +772,10 @@ def measure_network(
     node_link = None
     if spans_nodes and node_peer is not None:
         node_link = _measure_node_link(comm, small_bytes, repeats, node_peer)
+
+    device_copy = 0.0
+    if device is not None:
+        device_copy = comm.allreduce(measure_device_copy(device), op=MPI.MAX)
 
     # One engine for the whole measurement: its segment size shapes the probes; its comm
     # thread sleeps until the engine's own costs are timed, last.
@@ -796,6 +837,7 @@ def measure_network(
         node_alpha_s=None if node_link is None else node_link[0],
         node_beta_s_per_byte=None if node_link is None else node_link[1],
         ranks_per_node=keys.count(keys[0]) if spans_nodes else None,
+        device_copy_s_per_byte=device_copy,
         eager_bytes=eager,
         measured_p=size,
         spread={k: round(v, 4) for k, v in spread.items()},

@@ -136,6 +136,10 @@ def profile(
         warmup: untimed iterations first (allocator, caches, lazy init).
         repeats: timed iterations; each figure is their median.
 
+    On a GPU the device is synchronized around each timed region, so each figure is the
+    device's time, not the time to queue its kernels; gradient-ready times stay when the
+    backward queued each gradient.
+
     Returns:
         Profile with `threads` = torch.get_num_threads() at the time.
     """
@@ -147,6 +151,12 @@ def profile(
     if not params:
         raise ValueError("the model has no trainable parameters: nothing to communicate")
     n_bytes = sum(p.numel() * 4 for p in params)  # gradients travel as float32
+    on_gpu = any(p.is_cuda for p in params)
+
+    def now() -> float:
+        if on_gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     ready: list[tuple[int, float]] = []
     clock = {"start": 0.0}
@@ -162,14 +172,14 @@ def profile(
         for i in range(warmup + repeats):
             optimizer.zero_grad(set_to_none=True)
             ready.clear()
-            t0 = time.perf_counter()
+            t0 = now()
             loss = loss_fn(model(inputs), targets)
-            t1 = time.perf_counter()
+            t1 = now()
             clock["start"] = t1
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = now()
             optimizer.step()
-            t3 = time.perf_counter()
+            t3 = now()
             if i >= warmup:
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)

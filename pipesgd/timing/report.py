@@ -17,6 +17,7 @@ _COLOURS = {
     "backward": "#55a868",
     "communication": "#c44e52",
     "compression": "#dd8452",
+    "staging": "#937860",
     "contention": "#8172b3",
     "measured": "#222222",
 }
@@ -34,7 +35,7 @@ def format_ranking(preds: Sequence[Prediction],
     measured = measured or {}
     head = (f"{'#':>2}  {'configuration':<16} {'K':>1} {'compression':<8} {'overlap':<10} "
             f"{'pred ms':>9} {'meas ms':>9} {'err':>7}  {'up':>6} {'fwd':>6} {'bwd':>6} "
-            f"{'comm':>6} {'compr':>6} {'cont':>6}  bound")
+            f"{'comm':>6} {'compr':>6} {'stage':>6} {'cont':>6}  bound")
     lines = [head, "-" * len(head)]
     for i, pr in enumerate(preds, 1):
         c = pr.config

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from mpi4py import MPI
 
+from pipesgd.device import run_device
 from pipesgd.polling import decided_on_root
 from pipesgd.timing.model import (
     DEFAULT_BUCKET_BYTES,
@@ -161,16 +163,19 @@ def _ranked(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: ranking_key(c.prediction, fastest))
 
 
-def profile_run(config: TrainConfig) -> Profile:
+def profile_run(config: TrainConfig, device: torch.device | None = None) -> Profile:
     """Profile the model `config` trains as the run trains it: built for its data, in its
     memory layout, with its optimizer, on a batch of `batch_size` samples of its data, on
-    the threads this process has.
+    the threads this process has, on `device` (default: the CPU).
 
     Raises:
         ValueError, FileNotFoundError: bad configuration or data source.
     """
     dataset, model = prepare(config)
     batch = (dataset.train_x[: config.batch_size], dataset.train_y[: config.batch_size])
+    if device is not None:
+        model = model.to(device)
+        batch = (batch[0].to(device), batch[1].to(device))
     return profile(model, batch, build_optimizer(config, model), name=config.model)
 
 
@@ -218,11 +223,12 @@ def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
             model or data (the message says why).
     """
     start = time.perf_counter()
-    network = measure_network(comm, repeats=NETWORK_REPEATS)
+    device = run_device(config.device, comm)  # on a GPU: staging's copy rate measured too
+    network = measure_network(comm, repeats=NETWORK_REPEATS, device=device)
     measured = time.perf_counter()
 
     def decide() -> AutoChoice:
-        prof = profile_run(config)
+        prof = profile_run(config, device)
         profiled = time.perf_counter()
         return AutoChoice(rank_configurations(prof, network, comm.size), network, prof,
                           measure_s=measured - start, profile_s=profiled - measured)
