@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from typing import Protocol
 
 import torch
@@ -30,7 +31,9 @@ from torch import Tensor
 from pipesgd.engine import Engine, Handle
 
 
-class _Event(Protocol):
+class CopyEvent(Protocol):
+    """A copy's completion: a CUDA event, or one that has already happened (CPU)."""
+
     def query(self) -> bool: ...
     def synchronize(self) -> None: ...
 
@@ -52,10 +55,10 @@ class _Copies:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.cuda else None
-        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._timed: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         self._seconds = 0.0
 
-    def to_host(self, host: Tensor, device: Tensor) -> _Event:
+    def to_host(self, host: Tensor, device: Tensor) -> CopyEvent:
         if self.stream is None:
             begin = time.perf_counter()
             host.copy_(device)
@@ -87,6 +90,7 @@ class _Copies:
 
     def _finish(self, start: torch.cuda.Event) -> torch.cuda.Event:
         end = self._event()
+        self.seconds()  # fold the copies that have completed: the list stays short
         self._timed.append((start, end))
         return end
 
@@ -94,7 +98,7 @@ class _Copies:
         """Seconds spent copying so far (copies still running on the device not counted
         yet); reading it never waits for the device."""
         while self._timed and self._timed[0][1].query():
-            start, end = self._timed.pop(0)
+            start, end = self._timed.popleft()
             self._seconds += start.elapsed_time(end) / 1e3
         return self._seconds
 
@@ -104,10 +108,10 @@ class _GateOpener:
     already has, else from one helper thread, in submission order."""
 
     def __init__(self) -> None:
-        self._pending: queue.Queue[tuple[_Event, Handle] | None] = queue.Queue()
+        self._pending: queue.Queue[tuple[CopyEvent, Handle] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def open_when(self, copied: _Event, handle: Handle) -> None:
+    def open_when(self, copied: CopyEvent, handle: Handle) -> None:
         if copied.query():  # the engine runs operations in order whenever gates open
             handle.open_gate()
             return
@@ -152,7 +156,7 @@ class HostStaging:
         """An uninitialised host tensor (pinned beside a GPU) of `shape` and `dtype`."""
         return torch.empty(shape, dtype=dtype, pin_memory=self._pin)
 
-    def copy_to_host(self, host: Tensor, device: Tensor) -> _Event:
+    def copy_to_host(self, host: Tensor, device: Tensor) -> CopyEvent:
         """Start copying `device` into `host` after the compute stream's work so far;
         returns the copy's event (already complete on the CPU)."""
         return self._copies.to_host(host, device)
@@ -180,4 +184,4 @@ class HostStaging:
         self._opener.close()
 
 
-__all__ = ["HostStaging"]
+__all__ = ["CopyEvent", "HostStaging"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from pipesgd.staging import _GateOpener
+import torch
+
+from pipesgd.staging import HostStaging, _GateOpener
 
 
 class SlowEvent:
@@ -56,3 +58,17 @@ def test_a_finished_copy_opens_its_gate_at_once() -> None:
     opener.open_when(event, gate)
     assert gate.opened.is_set() and log == ["open a"]
     opener.close()
+
+
+def test_copies_are_timed_and_land_where_asked() -> None:
+    staging = HostStaging(torch.device("cpu"))
+    source = torch.randn(1 << 20)
+    host = staging.host_empty(source.shape, source.dtype)
+    assert staging.copy_to_host(host, source).query()  # a CPU copy is done at once
+    back = torch.empty_like(source)
+    staging.copy_to_device(back, host)
+    assert torch.equal(back, source) and not host.is_pinned()
+    first = staging.copy_seconds
+    assert first > 0
+    staging.copy_to_host(host, source)
+    assert staging.copy_seconds > first

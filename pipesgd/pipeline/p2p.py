@@ -31,7 +31,7 @@ from mpi4py import MPI
 from torch import Tensor
 
 from pipesgd.polling import Polling, wait_politely
-from pipesgd.staging import HostStaging
+from pipesgd.staging import CopyEvent, HostStaging
 
 from .plan import Plan
 from .schedule import Action
@@ -84,7 +84,7 @@ def _host_view(t: Tensor) -> np.ndarray:
 class _Deferred:
     """A payload waiting for its copy to the host: posted once `copied` completes."""
 
-    copied: object  # the copy's event (query / synchronize)
+    copied: CopyEvent
     dst: int
     tag: int
     host: Tensor
@@ -163,8 +163,8 @@ class StageLink:
         while self._deferred:
             d = self._deferred[0]
             if wait:
-                d.copied.synchronize()  # type: ignore[attr-defined]
-            elif not d.copied.query():  # type: ignore[attr-defined]
+                d.copied.synchronize()
+            elif not d.copied.query():
                 return
             self._deferred.pop(0)
             self._sends.append((self.comm.Isend(_host_view(d.host), dest=d.dst, tag=d.tag),

@@ -28,12 +28,22 @@ MB = 4
 
 
 def train(plan: Plan, staging: bool | None, **options) -> dict[str, torch.Tensor]:
+    """The merged model after two epochs; checks first that every replicated stage's
+    replicas hold bitwise the same parameters and buffers."""
     x, y = synthetic(24 * MB, (10,), 4, seed=5)
     data = MicroBatches(x, y, MB, shuffle=True, seed=1)
     pipe = Pipeline(MODEL, plan, comm, lr=0.05, momentum=0.9, seed=3, staging=staging,
                     **options)
     for epoch in range(2):
         pipe.train_epoch(data, epoch)
+    per_rank = comm.allgather(pipe.layer_state())
+    for stage in range(plan.num_stages):
+        first, *others = [per_rank[plan.rank_of(stage, r)]
+                          for r in range(plan.stages[stage].replicas)]
+        for other in others:
+            for key, value in first.items():
+                assert torch.equal(value.cpu(), other[key].cpu()), \
+                    f"replicas of stage {stage} differ in {key}"
     state = pipe.model_state(root=None)
     pipe.close()
     assert state is not None
@@ -58,9 +68,6 @@ def same_with_and_without_staging() -> None:
         staged = train(plan, True, **options)
         for key, value in plain.items():
             assert torch.equal(value, staged[key]), f"{name}: {key} differs with staging"
-        # ... and every rank holds the same merged model (replicas bitwise equal)
-        digest = sum(float(v.double().sum()) for v in staged.values())
-        assert len(set(comm.allgather(digest))) == 1, name
         if rank == 0:
             print(f"{name}: staged == plain", flush=True)
 
@@ -129,8 +136,6 @@ def on_the_gpu_as_on_the_cpu() -> None:
             for key, value in on_cpu.items():
                 torch.testing.assert_close(on_gpu[key].cpu(), value, rtol=1e-4, atol=1e-5,
                                            msg=f"{name}: {key}")
-        digest = sum(float(v.double().sum()) for v in on_gpu.values())
-        assert len(set(comm.allgather(digest))) == 1, name
         if rank == 0:
             print(f"{name}: cuda == cpu", flush=True)
 
