@@ -17,8 +17,10 @@ cuda, one GPU per rank); PS-Sync = synchronous parameter server on rank 0 (MPI
 Gather of gradients, update on rank 0, Bcast of parameters); D-Sync = pipesgd with
 K = 1; Pipe-SGD = K = 2; +T / +Q = trunc16 / quant8 compression. Every configuration
 trains the same model from the same seed on the same shards of scikit-learn's digits.
-Times are medians over iterations after warm-up, from rank 0. On CUDA, pipesgd's
-configurations also report their host<->device staging time per iteration (staging ms).
+Times are medians over iterations after warm-up, from rank 0. Exit status 1 when a
+target that applies to the run misses (the speed-ups are judged on 1 Gbit/s links at
+p = 2 only). On CUDA, pipesgd's configurations also report their host<->device staging
+time per iteration (staging ms).
 """
 
 from __future__ import annotations
@@ -246,6 +248,8 @@ def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], f
                   ranks: int, rate: float | None) -> list[str]:
     """The benchmark's targets for one run of the suite, as PASS/FAIL lines (rank 0)."""
     by_name = {(r.config.model, r.config.name): r for r in results}
+    # the speed-up targets hold where communication is slow: p = 2 on 1 Gbit/s links
+    stated = ranks == 2 and bool(rate) and abs((rate or 0) - 1e9) <= 1e6
     lines = []
     for model, speedup in (("mlp", 3.0), ("cnn", 2.0)):
         fast = by_name.get((model, "pipesgd+q"))
@@ -273,15 +277,15 @@ def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], f
         for other in ("ddp", "dsync"):
             if (model, other) in by_name:
                 x = by_name[(model, other)].iteration_time_s / fast.iteration_time_s
+                verdict = ("PASS" if x >= speedup else "FAIL") if stated else "not judged here"
                 lines.append(f"{model}: Pipe-SGD+Q speed-up over {other} = {x:.2f} "
-                             f"(target >= {speedup:g} on 1 Gbit/s at p = 2) "
-                             f"{'PASS' if x >= speedup else 'FAIL'}")
+                             f"(target >= {speedup:g} on 1 Gbit/s at p = 2) {verdict}")
         if (model, "dsync") in by_name:
             gap = 100 * (by_name[(model, "dsync")].final_accuracy - fast.final_accuracy)
             lines.append(f"{model}: accuracy D-Sync - Pipe-SGD+Q = {gap:+.2f} pp "
                          f"(target <= 0.5) {'PASS' if gap <= 0.5 else 'FAIL'}")
-    if ranks != 2 or not rate or abs(rate - 1e9) > 1e6:
-        lines.insert(0, "(the speed targets are stated for p = 2 on 1 Gbit/s links)")
+    if not stated:
+        lines.insert(0, "(the speed-up targets are stated for p = 2 on 1 Gbit/s links)")
     return lines
 
 
@@ -437,8 +441,10 @@ def main() -> int:
         path = write_json(f"train_p{comm.size}{suffix}.json", payload)
         plot(payload["runs"], RESULTS / f"train_p{comm.size}{suffix}.png", where)
         print(f"wrote {path} and {path.with_suffix('.png')}")
+    missed = comm.bcast(any(line.endswith("FAIL") for line in checks)
+                        if comm.rank == 0 else None, root=0)
     pipesgd.shutdown()
-    return 0
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from mpirun import run_mpi
 from torch import nn
 from torch.nn import functional as F
 
@@ -100,3 +101,8 @@ def test_step_returns_while_the_gpu_is_still_busy(engine) -> None:
     torch.cuda.synchronize()
     assert busy and took < 0.05, (busy, took)
     assert opt.staging_seconds > 0
+
+
+def test_ranks_stay_bitwise_equal_on_their_gpus() -> None:
+    out = run_mpi(2, "optim_staging.py", "cuda", timeout=240).stdout
+    assert "optim_staging cuda: ok on 2 ranks" in out, out
