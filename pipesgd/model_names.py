@@ -20,6 +20,7 @@ import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -32,6 +33,22 @@ BUILTIN = ("mlp", "cnn", *PAPER_NETWORKS)
 HELP = ("mlp (input-500-500-classes), cnn (the small AlexNet-style CNN), a network of the "
         "Pipe-SGD paper (" + ", ".join(PAPER_NETWORKS) + "), or MODULE:FUNCTION, a function "
         "of a module or .py file that returns a torch.nn.Module")
+
+
+_FILE_MODULES: dict[Path, ModuleType] = {}
+
+
+def _load_file(path: Path) -> ModuleType:
+    """The module of a .py file, run once per process however often it is named (as
+    `import` does for a module name): a user's file may be slow or print."""
+    if path not in _FILE_MODULES:
+        loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if loader_spec is None or loader_spec.loader is None or not path.is_file():
+            raise FileNotFoundError(f"no Python file at {path}")
+        module = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(module)
+        _FILE_MODULES[path] = module
+    return _FILE_MODULES[path]
 
 
 def load_model_function(spec: str) -> Callable[[], nn.Module]:
@@ -48,12 +65,7 @@ def load_model_function(spec: str) -> Callable[[], nn.Module]:
                          f"Pipe-SGD paper: {', '.join(PAPER_NETWORKS)}")
     try:
         if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name).expanduser().resolve()
-            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if loader_spec is None or loader_spec.loader is None or not path.is_file():
-                raise FileNotFoundError(f"no Python file at {path}")
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
+            module = _load_file(Path(module_name).expanduser().resolve())
         else:
             module = importlib.import_module(module_name)
     except Exception as exc:  # any error while importing the user's code

@@ -106,3 +106,14 @@ def test_timing_predict_names_a_user_model(models_file):
     bad = subprocess.run([*cmd[:7], "-p", "2", "--bandwidth", "1Gbit"], capture_output=True,
                          text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "needs --data or --input-shape" in bad.stderr
+
+
+def test_a_model_file_runs_once_however_often_it_is_named(tmp_path):
+    path = tmp_path / "counted.py"
+    runs = tmp_path / "runs"
+    path.write_text(f"open({str(runs)!r}, 'a').write('x')\n"
+                    "from torch import nn\n"
+                    "def build():\n    return nn.Linear(4, 2)\n")
+    for _ in range(3):
+        assert isinstance(load_model_function(f"{path}:build")(), nn.Linear)
+    assert runs.read_text() == "x"

@@ -40,6 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipesgd.durable import fsync_dir as _fsync_dir
+from pipesgd.durable import write_file as _write_file
+
 if TYPE_CHECKING:
     from .runtime import Pipeline
 
@@ -68,25 +71,6 @@ def _siblings(target: Path, kind: str) -> list[Path]:
     if not target.parent.is_dir():
         return []
     return [p for p in target.parent.iterdir() if p.name.startswith(prefix)]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, obj: Any) -> None:
-    """Write `obj` (torch.save, or JSON text for a str) to `path` and fsync it."""
-    with open(path, "wb") as f:
-        if isinstance(obj, str):
-            f.write(obj.encode())
-        else:
-            torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _stage_files(pipe: Pipeline) -> dict[str, Any]:

@@ -140,6 +140,7 @@ class Pipeline:
         self.seed = seed
         if vertical_sync:
             weight_policy = "vertical"
+        self._chosen_policy = weight_policy  # None: follows the schedule (use_schedule)
         if plan.schedule == "async" and weight_policy is not None:
             raise PlanError("schedule 'async' holds one copy of the weights (PipeMare): it "
                             "takes no weight_policy or vertical_sync")
@@ -219,13 +220,24 @@ class Pipeline:
     def use_schedule(self, schedule: str) -> None:
         """Switch the schedule between epochs, e.g. from synchronous warm-up epochs
         (`1f1b` with stashing, PipeMareW) to `async`, keeping the weights, the optimizer
-        state and its step count. Call it on every rank between epochs."""
+        state and its step count, and the weight policy the pipeline was built with (or,
+        if none was named, the new schedule's default). Call it on every rank between
+        epochs.
+
+        Raises:
+            PlanError: "async" for a pipeline built with a weight policy or vertical sync
+                (PipeMare keeps one copy of the weights).
+        """
         if self.stage.in_flight:
             raise RuntimeError("switch schedules between epochs, not with micro-batches "
                                "in flight")
+        if schedule == "async" and self._chosen_policy is not None:
+            raise PlanError(f"schedule 'async' holds one copy of the weights (PipeMare); "
+                            f"this pipeline was built with weight policy "
+                            f"{self._chosen_policy!r}: build it without one to switch")
         plan = self.plan.replace(schedule=schedule)
         plan.validate(num_layers=self.model.num_layers)
-        policy = "latest" if schedule == "gpipe" else "stash"
+        policy = self._chosen_policy or ("latest" if schedule == "gpipe" else "stash")
         self.plan, self._schedules = plan, {}
         self.stage.set_policy(self._policy_factory(plan, policy))
 

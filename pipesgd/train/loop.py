@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from torch.nn import functional as F
 
 from pipesgd.broadcast import broadcast_parameters
 from pipesgd.device import run_device
+from pipesgd.durable import replace_file
 from pipesgd.model_names import layer_model
 from pipesgd.optim import DistributedOptimizer, StepTiming
 from pipesgd.train.data import Dataset, ShardedBatches, load
@@ -374,7 +374,5 @@ def _save_checkpoint(path: Path, model: nn.Module, sync: Synchronizer, iteration
     }
     if comm.rank == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        replace_file(path, state)
     comm.Barrier()
