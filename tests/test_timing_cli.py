@@ -36,6 +36,28 @@ def test_predict_by_hand_writes_json_and_png(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+def test_a_gpu_cluster_pays_host_staging_at_its_copy_rate(tmp_path):
+    # 20 MB of gradients at 25 GB/s each way: 1.6 ms on D-Sync's critical path
+    prof = tmp_path / "prof.json"
+    Profile(forward_s=0.002, backward_s=0.004, update_s=0.001, gradient_bytes=20e6,
+            model="toy", batch_size=32).save(prof)
+    times = {}
+    for extra in ([], ["--device-gbps", "25"]):
+        out = tmp_path / f"pred{len(extra)}.json"
+        res = pipesgd("timing", "predict", "--profile", str(prof), "-p", "4", "--bandwidth",
+                      "10Gbit", "--latency", "20us", "--json", str(out), *extra)
+        assert res.returncode == 0, res.stderr
+        dsync = next(c for c in json.loads(out.read_text())["configs"]
+                     if c["staleness"] == 1 and c["compression"] == "none"
+                     and c["overlap"] == "sequential")
+        times[bool(extra)] = (dsync["predicted_s"], dsync["breakdown"]["staging"])
+    assert times[False][1] == 0 and abs(times[True][1] - 1.6e-3) < 1e-9
+    assert abs(times[True][0] - times[False][0] - 1.6e-3) < 1e-9
+    bad = pipesgd("timing", "predict", "--profile", str(prof), "-p", "4", "--bandwidth",
+                  "10Gbit", "--device-gbps", "-3")
+    assert bad.returncode == 2 and "device_gbps must be a positive number" in bad.stderr
+
+
 def test_predict_without_a_network_says_how_to_give_one(tmp_path):
     prof = tmp_path / "prof.json"
     Profile(forward_s=0.002, backward_s=0.004, update_s=0.001, gradient_bytes=2e6).save(prof)
