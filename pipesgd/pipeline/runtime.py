@@ -162,6 +162,9 @@ class Pipeline:
         self.weight_policy = weight_policy
         module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
         if device is not None:
+            if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device={device!r}, but CUDA is not available on this "
+                                 "machine: leave device=None (the CPU)")
             module = module.to(device)
         self.device = _module_device(module)
         if staging is False and self.device.type != "cpu":

@@ -1,6 +1,7 @@
 """Pipeline.use_schedule keeps the weight policy the pipeline was built with, or takes the
-new schedule's default when none was named; PipeMare's schedule refuses a named one.
-One-stage pipelines in this process (a singleton MPI world)."""
+new schedule's default when none was named; PipeMare's schedule refuses a named one; a
+GPU asked for where there is none is a clear error. One-stage pipelines in this process
+(a singleton MPI world)."""
 
 import pytest
 import torch
@@ -44,3 +45,9 @@ def test_a_named_policy_survives_a_switch_and_a_default_follows_the_schedule():
     assert type(default.stage.policy) is WeightStash
     assert all(torch.equal(v, default.layer_state()[k]) for k, v in before.items())
     default.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is absent")
+def test_a_gpu_asked_for_where_there_is_none_is_a_clear_error():
+    with pytest.raises(ValueError, match="CUDA is not available on this machine"):
+        make_pipe(device="cuda")
