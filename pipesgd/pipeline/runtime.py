@@ -166,7 +166,8 @@ class Pipeline:
                 raise ValueError(f"device={device!r}, but CUDA is not available on this "
                                  "machine: leave device=None (the CPU)")
             module = module.to(device)
-        self.device = _module_device(module)
+        # a stage without parameters or buffers still computes where it was asked to
+        self.device = torch.device(device) if device is not None else _module_device(module)
         if staging is False and self.device.type != "cpu":
             raise ValueError(f"stage {self.stage_id} is on {self.device}, and MPI and the "
                              "engine read host memory: leave staging=None (or True)")
