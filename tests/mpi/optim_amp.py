@@ -12,9 +12,9 @@ import hashlib
 import math
 
 import torch
+from amp_backward import scaled_backward
 from mpi4py import MPI
 from torch import nn
-from torch.nn import functional as F
 
 import pipesgd
 from pipesgd.optim import DistributedOptimizer
@@ -29,11 +29,6 @@ def digest(model: nn.Module) -> str:
 
 
 def run(staleness: int, compression: str, bad: float) -> None:
-    def poison(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        grad[0, 0] = bad
-        return grad
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     amp = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2)
@@ -45,14 +40,8 @@ def run(staleness: int, compression: str, bad: float) -> None:
         g = torch.Generator().manual_seed(100 * comm.rank + t)
         x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
         opt.zero_grad()
-        hook = None
-        if t == POISONED_ITERATION and comm.rank == POISONED_RANK:
-            hook = model[0].weight.register_hook(poison)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x).float(), y)
-        amp.scale(loss).backward()
-        if hook is not None:
-            hook.remove()
+        poisoned = t == POISONED_ITERATION and comm.rank == POISONED_RANK
+        scaled_backward(amp, model, x, y, model[0].weight if poisoned else None, bad)
         before, scale_before = digest(model), float(amp.get_scale())
         opt.step()
         after, scale_after = digest(model), float(amp.get_scale())

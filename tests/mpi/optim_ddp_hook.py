@@ -11,6 +11,7 @@ import socket
 
 import torch
 import torch.distributed as dist
+from amp_backward import scaled_backward
 from mpi4py import MPI
 from torch import nn
 from torch.nn import functional as F
@@ -117,22 +118,10 @@ for staleness, compression in ((1, "none"), (2, "quant8"), (3, "none")):
 POISONED = 3
 
 
-def poison(grad: torch.Tensor) -> torch.Tensor:
-    grad = grad.clone()
-    grad[0, 0] = float("inf")
-    return grad
-
-
 def amp_backward(model: nn.Module, ddp_or_model: nn.Module, scaler, t: int) -> None:
     x, y = batch(t)
-    hook = None
-    if t == POISONED and comm.rank == comm.size - 1:
-        hook = model[0].weight.register_hook(poison)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = F.cross_entropy(ddp_or_model(x).float(), y)
-    scaler.scale(loss).backward()
-    if hook is not None:
-        hook.remove()
+    poisoned = t == POISONED and comm.rank == comm.size - 1
+    scaled_backward(scaler, ddp_or_model, x, y, model[0].weight if poisoned else None)
 
 
 def amp_scaler() -> torch.amp.GradScaler:
