@@ -227,7 +227,10 @@ def run(args: argparse.Namespace) -> int:
                     f"{model.num_classes} classes")
         else:
             x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
-        stream = data.MicroBatches(x, y, plan.micro_batch, seed=args.seed)
+        device = run_device(args.device, comm)
+        # the data set is small: on the stage's device once, not per micro-batch
+        stream = data.MicroBatches(x.to(device), y.to(device), plan.micro_batch,
+                                   seed=args.seed)
         limit = None
         if args.steps:
             limit = args.steps * plan.micro_batches_per_step
@@ -239,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                         vertical_sync=args.vertical_sync, compression=args.compression,
                         staleness=args.staleness, pipemare=pipemare,
                         recompute=recompute_stages(args.recompute),
-                        device=run_device(args.device, comm))
+                        device=device)
         start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
         history = []
         for epoch in range(start_epoch, start_epoch + args.epochs):
