@@ -16,7 +16,14 @@ from typing import Any
 from mpi4py import MPI
 
 from pipesgd import _C
-from pipesgd.buffers import BufferView, as_buffer, check_compression, check_op
+from pipesgd.buffers import (
+    COMPRESSIONS,
+    REDUCE_OPS,
+    BufferView,
+    as_buffer,
+    check_compression,
+    check_op,
+)
 from pipesgd.errors import CollectiveMismatchError, PipesgdError
 
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -77,9 +84,12 @@ class Handle:
 
 def _checked_buffer(tensor: Any, op: str, compression: str) -> BufferView:
     """`tensor` as a buffer the engine can reduce in place; ValueError otherwise."""
-    check_op(op)
     buffer = as_buffer(tensor)
-    check_compression(compression, buffer.dtype)
+    if op not in REDUCE_OPS or (compression != "none"
+                                and (compression not in COMPRESSIONS
+                                     or buffer.dtype != "float32")):
+        check_op(op)  # raise, naming the problem
+        check_compression(compression, buffer.dtype)
     return buffer
 
 
@@ -244,12 +254,12 @@ class Engine:
             # if this thread loses its core on the way into wait().
             return self._submit(tensor, op, compression, caller_waits=True).wait(timeout)
         buffer = _checked_buffer(tensor, op, compression)
-        operation = self._engine.allreduce_now(
+        failed = self._engine.allreduce_now(
             buffer.address, buffer.count, buffer.dtype, op, compression
         )
-        if not operation.done():  # queued behind others
-            self._keep_alive(operation, buffer)
-        return Handle(operation, buffer, self.rank).wait()
+        if failed is not None:
+            Handle(failed, buffer, self.rank).wait()  # raises, naming the problem
+        return buffer.owner
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Finish queued operations (up to `timeout` s, default `PIPESGD_SHUTDOWN_SECONDS`),

@@ -30,6 +30,9 @@ def test_single_rank_is_identity(engine) -> None:
         (np.ones(4, np.int32), "dtype int32 is not supported"),
         (torch.ones(4, 4).t(), "not contiguous"),
         (torch.ones(4, dtype=torch.int64), "not supported"),
+        (torch.ones(4).to_sparse(), "layout torch.sparse_coo is not supported"),
+        (torch.ones(4)._neg_view(), "lazy conjugate/negative bit"),
+        (torch.ones(4, device="meta"), "tensor is on meta"),
         ([1.0, 2.0], "expected a numpy array or a torch tensor"),
     ],
 )

@@ -42,7 +42,7 @@ def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["mismatch-count", "mismatch-dtype", "missing-peer", "drop-buffers", "shutdown-inflight",
+    ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "missing-peer", "drop-buffers", "shutdown-inflight",
      "blocking-order", "shutdown-aborts-blocking"],
 )
 @pytest.mark.parametrize("np_", [2, 3])

@@ -18,10 +18,11 @@ r, p = comm.rank, comm.size
 scenario = sys.argv[1]
 
 
-def expect_mismatch(engine: pipesgd.Engine, buf: np.ndarray, needles: list[str]) -> None:
+def expect_mismatch(engine: pipesgd.Engine, buf: np.ndarray, needles: list[str],
+                    timeout: float | None = 20) -> None:
     start = time.monotonic()
     try:
-        engine.allreduce(buf, timeout=20)
+        engine.allreduce(buf, timeout=timeout)
     except pipesgd.CollectiveMismatchError as e:
         elapsed = time.monotonic() - start
         assert elapsed < 10, f"mismatch took {elapsed:.1f} s to surface"
@@ -48,6 +49,12 @@ if scenario == "mismatch-count":
         np.ones(n, np.float32),
         ["allreduce #1", "1000 x float32", "1007 x float32", f"rank {p - 1}"],
     )
+elif scenario == "mismatch-blocking":
+    # The same through a blocking call without a timeout (run on the caller's thread).
+    engine = pipesgd.Engine(comm)
+    n = 1000 + (7 if r == p - 1 else 0)
+    expect_mismatch(engine, np.ones(n, np.float32), ["allreduce #0", f"rank {p - 1}"],
+                    timeout=None)
 elif scenario == "mismatch-dtype":
     engine = pipesgd.Engine(comm)
     buf = np.ones(1000, np.float64 if r == 0 else np.float32)
