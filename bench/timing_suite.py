@@ -12,14 +12,17 @@ fastest or within 5 % of the fastest. The exit status is 1 when a target misses.
 
 The grid (`--rates`, `--bursts`, `--ps`, `--models`, `--bucket-mb`) is what the model was
 developed on. `--held-out` runs instead scenarios kept aside while it was developed
-(`HELD_OUT`: a model it never saw, buckets small enough that one iteration makes several
-allreduces, buckets and rates off the grid), judged by the same targets.
+(`HELD_OUT`: rates, buckets and ring lengths off the grid, a model it never saw, buckets
+small enough that one iteration makes several allreduces), judged by the same targets;
+`--seen`, those held out before them. `--from-raw` predicts again what the last run
+measured, without running it.
 
 The worker times what users run: `pipesgd.DistributedOptimizer` around SGD, one
 `zero_grad(); backward(); step()` per iteration, on a fixed batch per rank.
 
     python bench/timing_suite.py                      # under the emulator (root)
     python bench/timing_suite.py --held-out           # the scenarios kept aside
+    python bench/timing_suite.py --from-raw           # the last run's measurements again
     python bench/timing_suite.py --no-netem           # shared memory, no emulator
     python bench/timing_suite.py --rates 1gbit --bursts 1MiB --ps 2 --models mlp
 """
@@ -39,10 +42,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-# (warm-up, timed) steps per configuration and round; after a round's drain the first
-# step of a pipelined configuration finds its due gradient already reduced.
+# (warm-up, timed) steps per configuration and round. A round starts on an idle comm
+# thread, so K = 2 reaches its steady state at the third step: the second one's
+# allreduce ran ahead during the first (the whole first backward with overlap), and
+# with one warm-up step the CNN's timed pairs alternated fast and slow (300 Mbit/s,
+# quant8, L = 10: 114-150 then 155-237 ms, their median below what the link can carry).
 # Models of a few ms per iteration take the MLP's; of a hundred ms or more, the CNN's.
-STEPS = {"mlp": (2, 10), "cnn": (1, 2)}
+STEPS = {"mlp": (2, 10), "cnn": (2, 2)}
 # Enough rounds that configurations the model calls equal (one bucket either way) are
 # not told apart by noise alone: MLP iterations are a few ms on a 2-core VM.
 ROUNDS = {"mlp": 12, "cnn": 6}
@@ -71,9 +77,19 @@ class Scenario:
         return f"{link}-p{self.p}-{self.model}{bucket}"
 
 
-# Kept aside while the model was developed: a network it never saw, several buckets per
-# iteration (L > 1, eq. 6), a bucket larger than any probe it had, rates off the grid.
+# Kept aside while the model was developed: rates and buckets off the grid, three ranks
+# (a ring of odd length), several buckets per iteration (L > 1, eq. 6), a network the
+# model never saw. (The five held out before them helped shape `core_wait_seconds` and
+# joined the development set; BENCHMARKS.md says which.)
 HELD_OUT = (
+    Scenario("700mbit", "64KiB", 3, "mlp"),
+    Scenario("400mbit", "512KiB", 4, "paper-cifar100-cnn", bucket_mb=4.0),
+    Scenario("2gbit", "0", 2, "cnn"),
+    Scenario("100mbit", "2MiB", 2, "mlp", bucket_mb=0.25),
+    Scenario("300mbit", "128KiB", 3, "cnn"),
+)
+# Held out until they shaped the model; run with --seen.
+SEEN = (
     Scenario("1gbit", "512KiB", 2, "paper-cifar100-cnn"),
     Scenario("500mbit", "2MiB", 2, "mlp"),
     Scenario("1gbit", "0", 4, "mlp", bucket_mb=0.5),
@@ -225,6 +241,8 @@ def evaluate(data: dict, scenario: Scenario) -> dict:
 def grid(args: argparse.Namespace) -> list[Scenario]:
     if args.held_out:
         return list(HELD_OUT)
+    if args.seen:
+        return list(SEEN)
     rates: list[str | None] = [None] if args.no_netem else args.rates.split(",")
     bursts: list[str | None] = [None] if args.no_netem else args.bursts.split(",")
     return [Scenario(rate, burst, p, model, args.bucket_mb)
@@ -248,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="the optimizer's bucket size (default 25, as DDP's)")
     ap.add_argument("--held-out", action="store_true",
                     help="run the scenarios kept aside while developing the model instead")
+    ap.add_argument("--seen", action="store_true",
+                    help="run the scenarios held out before the current ones instead")
+    ap.add_argument("--from-raw", action="store_true",
+                    help="predict again the scenarios measured last time (their .raw.json "
+                         "in bench/results/) instead of running them: a model change judged "
+                         "on the same measurements")
     ap.add_argument("--no-netem", action="store_true", help="shared memory, no emulator")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", help="JSON summary (default: bench/results/timing_suite.json, "
@@ -257,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipesgd.timing.report import format_ranking, plot_breakdown
 
     out = Path(args.out or RESULTS / ("timing_suite_held_out.json" if args.held_out
+                                      else "timing_suite_seen.json" if args.seen
                                       else "timing_suite.json"))
     RESULTS.mkdir(parents=True, exist_ok=True)
     scenarios, errors = [], []
@@ -264,7 +289,13 @@ def main(argv: list[str] | None = None) -> int:
         name = scenario.name
         raw = RESULTS / f"timing_suite_{name}.raw.json"
         t0 = time.time()
-        data = run_scenario(scenario, raw, args.timeout)
+        if args.from_raw:
+            if not raw.exists():
+                raise SystemExit(f"--from-raw: {raw} is missing; run the suite without "
+                                 "--from-raw first")
+            data = json.loads(raw.read_text())
+        else:
+            data = run_scenario(scenario, raw, args.timeout)
         ev = evaluate(data, scenario)
         print(f"\n== {name}  ({time.time() - t0:.0f} s)")
         print(format_ranking(ev["ranked"], ev["measured"]))

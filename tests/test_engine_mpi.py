@@ -42,8 +42,8 @@ def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "missing-peer", "drop-buffers", "shutdown-inflight",
-     "blocking-order", "shutdown-aborts-blocking"],
+    ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "missing-peer", "drop-buffers",
+     "shutdown-inflight", "blocking-order", "shutdown-aborts-blocking"],
 )
 @pytest.mark.parametrize("np_", [2, 3])
 def test_faults(scenario: str, np_: int) -> None:

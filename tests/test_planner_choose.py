@@ -2,6 +2,8 @@
 profiles, the memory budget respected (depth lowered, candidates excluded), the error
 naming the smallest budget that fits."""
 
+import dataclasses
+
 import pytest
 
 from pipesgd.planner import ModelProfile, choose, simulate
@@ -87,6 +89,22 @@ def test_dp_network_overrides_the_topology():
     dp = by_family(choice)["data-parallel"]
     best = choose_data_parallel(data_parallel_profile(prof, 8), fast, 4)[0]
     assert dp.samples_per_s == pytest.approx(32 / best.predicted_s)
+
+
+def test_gpu_workers_charge_staging_to_every_family():
+    # Workers on GPUs copying 1 GB/s to the host: data parallelism's prediction stages
+    # its buckets (the timing model's δ), and the pipeline's simulation its messages.
+    prof = heavy_weights()
+    cpus = HierarchicalTopology.parse("4x[1Gbit]")
+    gpus = dataclasses.replace(cpus, device_copy_s_per_byte=1e-9)
+    assert data_parallel_network(gpus).device_copy_s_per_byte == 1e-9
+    on_cpus, on_gpus = by_family(choose(prof, cpus, batch_size=8)), \
+        by_family(choose(prof, gpus, batch_size=8))
+    staged = on_gpus["data-parallel"].prediction
+    assert staged.details["staging_s"] > 0
+    assert on_cpus["data-parallel"].prediction.details["staging_s"] == 0
+    assert on_gpus["data-parallel"].samples_per_s < on_cpus["data-parallel"].samples_per_s
+    assert on_gpus["pipedream"].samples_per_s < on_cpus["pipedream"].samples_per_s
 
 
 def test_a_tie_goes_to_data_parallelism():

@@ -80,6 +80,21 @@ def test_pipeline_wins_prints_its_stages_and_command(tmp_path, capsys):
     assert len(data["stages"]) == 4 and data["predicted_samples_per_s"] > 1000
 
 
+def test_device_gbps_plans_for_gpus_staging_through_the_host(tmp_path, capsys):
+    # 1 MB activations between stages: on GPUs copying 1 GB/s to the host every message
+    # pays its copies both ways, so the same pipeline is predicted slower.
+    prof = hand_profile(tmp_path, weights=100e6, outputs=1e6)
+    rates = []
+    for extra in ([], ["--device-gbps", "1"]):
+        out_json = tmp_path / f"plan{len(extra)}.json"
+        rc, _, err = plan(capsys, "--profile", str(prof), "--model", "mlp", "--batch-size",
+                          "8", "--workers", "4", "--bandwidth", "1Gbit", "--json",
+                          str(out_json), *extra)
+        assert rc == 0, err
+        rates.append(json.loads(out_json.read_text())["predicted_samples_per_s"])
+    assert rates[1] < rates[0]
+
+
 def test_data_parallel_wins_prints_the_train_command(tmp_path, capsys):
     prof = hand_profile(tmp_path, weights=1e3, outputs=1e9)
     out_json = tmp_path / "plan.json"
@@ -116,6 +131,8 @@ def test_data_parallel_wins_prints_the_train_command(tmp_path, capsys):
     (["--batch-size", "8", "--workers", "2", "--bandwidth", "1Gbit", "--model", "cnn"],
      "the profile has 5 layers but the model has 12"),
     (["--batch-size", "8", "--profile-only", "x.json"], "give one"),
+    (["--batch-size", "8", "--workers", "2", "--bandwidth", "1Gbit", "--device-gbps", "0"],
+     "device_gbps must be a positive number"),
 ])
 def test_bad_input_is_a_clear_error(mlp_profile, capsys, args, message):
     rc, _, err = plan(capsys, "--profile", str(mlp_profile), *args)

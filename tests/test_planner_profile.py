@@ -152,9 +152,9 @@ def test_a_model_that_cannot_run_in_one_process_keeps_its_layer_times(monkeypatc
 
     real = runtime.action_times
 
-    def too_big(model, micro_batch, *args):
+    def too_big(model, micro_batch, *args, **kwargs):
         if micro_batch == 1:  # the runtime's overhead, on its one-weight model
-            return real(model, micro_batch, *args)
+            return real(model, micro_batch, *args, **kwargs)
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
 
     monkeypatch.setattr(runtime, "action_times", too_big)

@@ -193,6 +193,21 @@ def test_links_one_micro_batch_in_flight_adds_both_transfers():
     assert sim.bottleneck.startswith("pipeline depth")
 
 
+@pytest.mark.parametrize("delta, expected", [(0.2e-9, 7.6), (1e-9, 9.2)])
+def test_gpu_workers_stage_each_message_through_the_host(delta, expected):
+    # The example above on GPUs whose copies to and from pinned host memory take δ per
+    # byte. A send posts its header at once and the payload once it is on the host; the
+    # receiver copies it to its GPU before computing on it. δ = 0.2 ns/B: the 0.1 s copy
+    # out hides behind the header's 0.1 s latency, the copy in adds 0.1 s per message:
+    # 7.4 + 2 x 0.1. δ = 1 ns/B: the payload leaves at 0.5 s (0.4 s after the header is
+    # in), and the copy in takes 0.5 s: 7.4 + 2 x 0.9.
+    prof = chain([1.0, 1.0], [2.0, 2.0], output=[0.5e9, 0.0])
+    topo = dataclasses.replace(HierarchicalTopology.parse("2x[1GB/s, 100ms]"),
+                               device_copy_s_per_byte=delta)
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(expected)
+
+
 def test_links_both_directions_share_the_link():
     # 2 x 0.5 GB cross the link per micro-batch at 0.25 GB/s: 4 s, against 0.03 s of
     # compute per stage. A payload moves only while its receiver waits for it, so the
@@ -229,6 +244,18 @@ def test_replicated_stage_allreduce_is_a_ring():
     assert sim.time_per_micro_batch_s == pytest.approx(4.56 / 4)
     assert sim.bubble_fraction[0] == pytest.approx(1.56 / 4.56)
     assert sim.allreduce_busy[0] == pytest.approx(1.56 / 4.56)
+
+
+def test_gpu_replicas_stage_the_allreduce_through_the_host():
+    # The ring above, on GPUs copying 0.1 ns/B: the 1 GB gradient goes to the host
+    # before the ring and comes back after it, 0.1 s each way: 1.76 s per round.
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4)
+    topo = dataclasses.replace(HierarchicalTopology.parse("4x[1GB/s, 10ms]"),
+                               device_copy_s_per_byte=0.1e-9)
+    sim = simulate(plan, prof, topo)
+    assert sim.stages[0].allreduce_s == pytest.approx(1.76)
+    assert sim.time_per_micro_batch_s == pytest.approx(4.76 / 4)
 
 
 def test_accumulated_steps_allreduce_once_per_step():
@@ -336,6 +363,16 @@ def test_eager_bytes_round_trip_through_json():
     assert HierarchicalTopology.from_dict(topo.to_dict()) == topo
     with pytest.raises(ValueError, match="eager_bytes"):
         Level(2, 1e9, 0.0, -1.0)
+
+
+def test_device_copy_round_trips_through_json_and_is_checked():
+    topo = HierarchicalTopology((Level(2, 1e9),), device_copy_s_per_byte=4e-11)
+    assert HierarchicalTopology.from_dict(topo.to_dict()) == topo
+    assert HierarchicalTopology.from_dict({"levels": [{"count": 2, "bandwidth": 1e9}]}) \
+        .device_copy_s_per_byte == 0.0  # written before it existed: CPU workers
+    for bad in (-1e-10, math.inf):
+        with pytest.raises(ValueError, match="device_copy_s_per_byte"):
+            HierarchicalTopology((Level(2, 1e9),), device_copy_s_per_byte=bad)
 
 
 def test_a_rank_sends_one_message_at_a_time():

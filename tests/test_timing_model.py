@@ -164,15 +164,17 @@ def test_token_bucket_burst_shortens_dsync_only():
 
 
 def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
-    # p=4, one bucket: 6 ring steps. Compute 35 ms, ring W ~6.4 ms on an idle host.
+    # p=4, one bucket: 6 ring steps of 1 ms on the wire (4 MB at 1 ns/B: 6 ms). Compute
+    # 35 ms, ring W ~6.4 ms on an idle host.
     pr = prof()
     W = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
-    # all of W overlaps compute: every step waits 1 ms; still compute-bound
-    nw = net(load_latency_s=1e-3)
+    # all of W overlaps compute: every step waits 2 ms for a core, 1 ms of it behind its
+    # own transfer; still compute-bound
+    nw = net(load_latency_s=2e-3)
     assert predict(pr, nw, 4, staleness=2).predicted_s == pytest.approx(0.035)
     # 0.3 ms of compute overlaps only part of the ring: W' = W + D * C / W' by hand
     fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
-    D, C = 6 * 1e-3, 3e-4
+    D, C = 6 * (2e-3 - 1e-3), 3e-4
     expected = (W + math.sqrt(W * W + 4 * D * C)) / 2
     assert expected == pytest.approx(W + D * C / expected)
     pipe = predict(fast, nw, 4, staleness=2)
@@ -182,13 +184,32 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     # D-Sync communicates while compute waits, but its last ring step waits for a core
     # taken by the ranks that left the allreduce first: one load latency
     sync = predict(fast, nw, 4, staleness=1)
-    assert sync.predicted_s == pytest.approx(3e-4 + W + 1e-3)
-    assert sync.details["load_delay_s"] == pytest.approx(1e-3)
+    assert sync.predicted_s == pytest.approx(3e-4 + W + 2e-3)
+    assert sync.details["load_delay_s"] == pytest.approx(2e-3)
     assert sum(sync.breakdown.values()) == pytest.approx(sync.predicted_s)
     assert predict(fast, net(), 4, staleness=1).predicted_s == pytest.approx(3e-4 + W)
     assert M.loaded_comm_seconds(0.01, 0.02, 0.0) == 0.01
     with pytest.raises(ValueError, match="load_latency_s"):
         net(load_latency_s=-1e-3)
+
+
+def test_a_ring_step_longer_than_the_wait_for_a_core_hides_it():
+    # Each step of a 4 MB ring at p = 4 is 1 ms on the wire: a 1 ms wait for the comm
+    # thread's core hides behind it, a 0.4 ms one too; a small ring pays the whole wait.
+    bulk = M.ring_allreduce_cost(4e6, 4, net())
+    assert bulk.transfer == pytest.approx(6e-3)
+    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=1e-3)) == 0.0
+    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=4e-4)) == 0.0
+    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=3e-3)) == pytest.approx(6 * 2e-3)
+    small = M.ring_allreduce_cost(4e3, 4, net())
+    assert M.core_wait_seconds(small, 4, net(load_latency_s=1e-3)) == pytest.approx(
+        6 * (1e-3 - small.transfer / 6))
+    assert M.core_wait_seconds(bulk, 1, net(load_latency_s=1e-3)) == 0.0
+    # so Pipe-SGD over a slow link, communication-bound, is the unloaded ring
+    fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    W = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
+    assert predict(fast, net(load_latency_s=1e-3), 4, staleness=2).predicted_s == \
+        pytest.approx(W)
 
 
 def test_shared_cores_stretch_compute_and_bind_pipe_sgd():

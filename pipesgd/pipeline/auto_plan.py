@@ -131,28 +131,35 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         AutoPlanError: on every rank, with rank 0's message (bad topology or sizes, a
             model the profiler cannot run, no plan within --memory).
     """
+    from pipesgd.device import run_device
     from pipesgd.polling import decided_on_root
 
+    errors = (ValueError, TypeError, OSError, RuntimeError)
+    try:
+        # where the stages will compute; collective for "cuda"
+        device = run_device(getattr(args, "device", "cpu"), comm)
+    except ValueError as err:
+        raise AutoPlanError(str(err)) from err
     topology, network, measured = None, "given", None
     if not (args.topology or args.bandwidth):
         # collective: every rank measures
-        topology, network, measured = measured_topology(comm)
-    errors = (ValueError, TypeError, OSError, RuntimeError)
+        topology, network, measured = measured_topology(comm, device)
     try:
         return decided_on_root(
-            comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured),
-            errors)
+            comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured,
+                                  device), errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
 
 
-def measured_topology(comm: Any) -> tuple[Any, str, Any]:
-    """(one level of the job's p ranks at the measured β and α with the cores they share,
-    a description, the measured `NetworkParams`). Collective."""
+def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:
+    """(one level of the job's p ranks at the measured β and α with the cores they share
+    and, on a GPU `device`, its copy rate to the host (δ); a description; the measured
+    `NetworkParams`). Collective."""
     from pipesgd.planner.topology import from_network
     from pipesgd.timing.network import measure_network
 
-    net = measure_network(comm, repeats=NETWORK_REPEATS)
+    net = measure_network(comm, repeats=NETWORK_REPEATS, device=device)
     return from_network(net, comm.Get_size()), (
         f"{net.source}: beta {net.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gbit/s, "
         f"alpha {net.alpha_s * 1e6:.3g} us"), net
@@ -172,8 +179,8 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
 
 
 def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
-            network: str, measured: Any = None) -> AutoPlan:
-    """Rank 0: profile, choose, print; the decision to broadcast."""
+            network: str, measured: Any = None, device: Any = None) -> AutoPlan:
+    """Rank 0: profile on `device`, choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, train_command
     from pipesgd.planner.profile import profile_layer_model
@@ -183,7 +190,7 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
         topology = _given_topology(args, workers)
         network = f"--topology {args.topology}" if args.topology else (
             f"--bandwidth {args.bandwidth} --latency {args.latency}")
-    prof = profile_layer_model(model, args.model, micro, threads=1)
+    prof = profile_layer_model(model, args.model, micro, threads=1, device=device)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)

@@ -519,17 +519,19 @@ def _module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32) -> ActionTimes:
+def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
+                 device: torch.device | str | None = None) -> ActionTimes:
     """`model` as a one-stage pipeline on this process alone (MPI.COMM_SELF), on random
-    samples: the mean F, B and U of `micro_batches` micro-batches after a warm-up. What
-    the runtime's own calls cost around the layers, and the caches as training leaves
-    them, are in these times; a per-layer profile's isolated layers miss both."""
+    samples, on `device` (default the CPU): the mean F, B and U of `micro_batches`
+    micro-batches after a warm-up. What the runtime's own calls cost around the layers,
+    and the caches as training leaves them, are in these times; a per-layer profile's
+    isolated layers miss both."""
     g = torch.Generator().manual_seed(0)
     n = micro_batches * micro_batch
     data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
                         torch.randint(model.num_classes, (n,), generator=g), micro_batch)
     pipe = Pipeline(model, Plan.even(model.num_layers, 1, micro_batch=micro_batch),
-                    MPI.COMM_SELF, lr=1e-4)
+                    MPI.COMM_SELF, lr=1e-4, device=device)
     try:
         pipe.train_epoch(data, 0, max_micro_batches=max(2, micro_batches // 4))
         pipe.timeline.clear()
@@ -543,8 +545,8 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32) -
         pipe.close()
 
 
-def runtime_overhead() -> ActionTimes:
+def runtime_overhead(device: torch.device | str | None = None) -> ActionTimes:
     """The runtime's own time per micro-batch on one stage, its layers' work apart: the
     actions of a one-stage pipeline of a 4x4 linear layer, one sample per micro-batch."""
     tiny = from_modules([nn.Linear(4, 4)], input_shape=(4,), num_classes=4)
-    return action_times(tiny, 1, 400)
+    return action_times(tiny, 1, 400, device)

@@ -200,10 +200,12 @@ def slowest_level(topology: HierarchicalTopology) -> Level:
 
 def data_parallel_network(topology: HierarchicalTopology) -> NetworkParams:
     """The cluster the data-parallel ring sees: the topology's slowest level, one worker
-    per host with cores for its compute and comm threads (`DP_CORES_PER_WORKER`)."""
+    per host with cores for its compute and comm threads (`DP_CORES_PER_WORKER`), and
+    the topology's host staging (δ) where workers are GPUs."""
     level = slowest_level(topology)
-    return describe_cluster(level.bandwidth * 8, level.latency, cores=DP_CORES_PER_WORKER,
-                            ranks_per_host=1, name=f"slowest level of {topology}")
+    net = describe_cluster(level.bandwidth * 8, level.latency, cores=DP_CORES_PER_WORKER,
+                           ranks_per_host=1, name=f"slowest level of {topology}")
+    return replace(net, device_copy_s_per_byte=topology.device_copy_s_per_byte)
 
 
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:

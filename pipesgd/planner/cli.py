@@ -14,6 +14,7 @@ parallelism, with the `pipesgd train` command that runs it) and the ranked `alte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -41,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency", default="20us",
                         help="one-way latency with --bandwidth (default 20us)")
     parser.add_argument("--memory", help="memory per worker, e.g. 2GiB or 512MB (default: none)")
+    parser.add_argument("--device-gbps", type=float,
+                        help="workers are GPUs whose copies to pinned host memory run at this "
+                             "many GB/s: plans count staging activations, gradients and "
+                             "all-reduces through the host (default: workers are CPUs)")
     parser.add_argument("--staleness", type=int, default=1,
                         help="K of replicated stages' all-reduce, as `pipesgd pipeline "
                              "--staleness` (default 1)")
@@ -82,7 +87,18 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def topology_of(args: argparse.Namespace) -> Any:
-    """The cluster from --topology, or from --workers and --bandwidth (one level)."""
+    """The cluster from --topology, or from --workers and --bandwidth (one level), with
+    --device-gbps's host staging."""
+    topo = _links_of(args)
+    gbps = getattr(args, "device_gbps", None)
+    if gbps is None:
+        return topo
+    from pipesgd.timing.cluster import device_copy_s_per_byte
+
+    return dataclasses.replace(topo, device_copy_s_per_byte=device_copy_s_per_byte(gbps))
+
+
+def _links_of(args: argparse.Namespace) -> Any:
     from .topology import HierarchicalTopology
 
     if args.topology and args.bandwidth:

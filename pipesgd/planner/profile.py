@@ -322,14 +322,14 @@ def profile(
     )
 
 
-def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1
-                        ) -> ModelProfile:
+def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
+                        device: Any = None) -> ModelProfile:
     """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
-    torch threads and the cross-entropy loss on random labels, then scale the layers'
-    times to a real run of the whole model as one stage of the pipeline runtime, less
-    the runtime's own time per micro-batch (`calibrate`,
-    `runtime.action_times`; unscaled, saying why, where the whole model cannot run in
-    one process), with the delay of a receive that slept
+    torch threads and the cross-entropy loss on random labels, on `device` (default the
+    CPU), then scale the layers' times to a real run of the whole model as one stage of
+    the pipeline runtime there, less the runtime's own time per micro-batch
+    (`calibrate`, `runtime.action_times`; unscaled, saying why, where the whole model
+    cannot run in one process), with the delay of a receive that slept
     (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
     import torch
 
@@ -339,15 +339,15 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        net = spec.build(seed=0).train()
+        net = spec.build(seed=0).train().to(device)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, *spec.input_shape, generator=g)
-        labels = torch.randint(spec.num_classes, (batch,), generator=g)
+        x = torch.randn(batch, *spec.input_shape, generator=g).to(device)
+        labels = torch.randint(spec.num_classes, (batch,), generator=g).to(device)
         prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
             out, labels))
-        runtime = runtime_overhead()
+        runtime = runtime_overhead(device)
         try:
-            whole = action_times(spec, batch)
+            whole = action_times(spec, batch, device=device)
         except RuntimeError as err:  # out of memory: the model does not fit one worker
             whole, unscaled = None, str(err).splitlines()[0]
     finally:

@@ -292,6 +292,9 @@ class _Network:
     def __init__(self, plan: Plan, topology: HierarchicalTopology | None,
                  placement: Sequence[Sequence[int]] | None) -> None:
         self.topology = topology
+        # δ: what staging a tensor through pinned host memory costs per byte, each way
+        self.device_copy_s_per_byte = 0.0 if topology is None else \
+            topology.device_copy_s_per_byte
         world = plan.world_size
         if topology is None:
             self.worker = list(range(world))
@@ -362,12 +365,14 @@ class _Network:
         return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency."""
+        """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency,
+        and on GPUs the gradient's copy to the host before it and back after it."""
         r = len(ranks)
         if r < 2 or self.topology is None:
             return 0.0
         level = self._level([self.worker[x] for x in ranks])
-        return 2 * (r - 1) / r * nbytes / level.bandwidth + 2 * (r - 1) * level.latency
+        return (2 * (r - 1) / r * nbytes / level.bandwidth + 2 * (r - 1) * level.latency
+                + 2 * nbytes * self.device_copy_s_per_byte)
 
 
 class _Memory:
@@ -528,10 +533,10 @@ def simulate(
     arrival: dict[tuple, float] = {}  # (dst, message key) -> arrival time
     waiting_msg: dict[tuple, int] = {}  # (dst, message key) -> rank blocked on it
     # (dst, message key) -> (src, bytes, bytes left for the receiver to ask for,
-    # header arrival, arrival of the part sent eagerly)
-    posted: dict[tuple, tuple[int, float, float, float, float]] = {}
+    # header arrival, arrival of the part sent eagerly, when the payload is on the host)
+    posted: dict[tuple, tuple[int, float, float, float, float, float]] = {}
     ready_at: dict[tuple, float] = {}  # -> when its receiver reached it, before the send
-    on_wire: dict[tuple, tuple[float, float]] = {}  # -> (wire arrival, latency)
+    on_wire: dict[tuple, tuple[float, float, float]] = {}  # -> (wire arrival, latency, bytes)
 
     def occupy(src: int, dst: int, nbytes: float, start: float) -> float:
         """`nbytes` on the link from `start`, after the sender's previous message (one NIC)
@@ -549,24 +554,26 @@ def simulate(
         """The receiver of `key`, at its receive since `reached`, reads the header: the
         rest of the payload moves (over the link and the sender's NIC, and where cores
         are shared on the host's CPU)."""
-        src, nbytes, rest, header_in, eager_in = posted.pop(key)
+        src, nbytes, rest, header_in, eager_in, on_host = posted.pop(key)
         dst = key[0]
         latency = net.link(src, dst)[1]
-        start = max(reached, header_in)
+        start = max(reached, header_in, on_host)
         wire = max(occupy(src, dst, rest, start) + latency if rest > 0 else start, eager_in)
         work = net.transfer_cpu_s(nbytes)
         if work > 0:
-            on_wire[key] = (wire, latency if rest > 0 else 0.0)
+            on_wire[key] = (wire, latency if rest > 0 else 0.0, nbytes)
             start_job(start, dst, ("transfer", key), work)
         else:
-            deliver(key, wire, slept=wire > reached)
+            deliver(key, wire, nbytes, slept=wire > reached)
 
-    def deliver(key: tuple, at: float, slept: bool = True) -> None:
-        """The payload of `key` is in at `at`; its receiver, asleep on it, notices (the
-        profile's receive_delay_s) and resumes."""
+    def deliver(key: tuple, at: float, nbytes: float, slept: bool = True) -> None:
+        """The payload of `key` (`nbytes`) is in at `at`; its receiver, asleep on it,
+        notices (the profile's receive_delay_s), copies it to its GPU where it computes
+        on one (δ per byte), and resumes."""
         rank = waiting_msg.pop(key)
         arrival[key] = at
-        wake(at + (profile.receive_delay_s if slept else 0.0), rank)
+        wake(at + (profile.receive_delay_s if slept else 0.0)
+             + nbytes * net.device_copy_s_per_byte, rank)
 
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
@@ -629,10 +636,13 @@ def simulate(
                 key = (dst, sched.message_key(a))
                 nbytes = cost.output_bytes if a.kind == "SF" else cost.input_bytes
                 latency = net.link(rank, dst)[1]
-                # the transport's eager bytes leave now, whether the receiver is there
+                # On a GPU the payload is first copied to the host (beside compute); the
+                # header leaves at once. Then the transport's eager bytes leave, whether
+                # the receiver is there or not.
+                on_host = t + nbytes * net.device_copy_s_per_byte
                 eager = min(nbytes, net.eager_bytes(rank, dst))
-                eager_in = occupy(rank, dst, eager, t) + latency if eager > 0 else 0.0
-                posted[key] = (rank, nbytes, nbytes - eager, t + latency, eager_in)
+                eager_in = occupy(rank, dst, eager, on_host) + latency if eager > 0 else 0.0
+                posted[key] = (rank, nbytes, nbytes - eager, t + latency, eager_in, on_host)
                 if key in waiting_msg:  # the receiver is there already
                     begin_transfer(key, ready_at.pop(key))
             elif a.kind in ("RF", "RB"):
@@ -701,8 +711,8 @@ def simulate(
             if key[0] == "compute":
                 finish_compute(key[1], t)
             elif key[0] == "transfer":
-                wire, latency = on_wire.pop(key[1])
-                deliver(key[1], max(wire, t + latency))
+                wire, latency, nbytes = on_wire.pop(key[1])
+                deliver(key[1], max(wire, t + latency), nbytes)
             else:
                 part_done(t, key[2])
     stuck = {r: pc[r] for r in range(world) if pc[r] < len(acts[r])}

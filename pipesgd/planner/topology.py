@@ -125,11 +125,16 @@ class HierarchicalTopology:
         memory_per_worker: bytes of memory of one worker, or None when not given.
         shared_cores: workers sharing CPU cores (`SharedCores`); None: every worker
             computes on a processor of its own (one accelerator per worker).
+        device_copy_s_per_byte: δ, seconds per byte of a copy between a worker's GPU and
+            pinned host memory (`NetworkParams.device_copy_s_per_byte`): activations,
+            gradients and replicas' all-reduces are staged through the host at this rate
+            (`pipesgd.staging`). 0: workers compute on the host, nothing is staged.
     """
 
     levels: tuple[Level, ...]
     memory_per_worker: float | None = None
     shared_cores: SharedCores | None = None
+    device_copy_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "levels", tuple(self.levels))
@@ -137,6 +142,9 @@ class HierarchicalTopology:
             raise ValueError(f"a topology needs at least one level, e.g. {EXAMPLE!r}")
         if self.memory_per_worker is not None:
             object.__setattr__(self, "memory_per_worker", parse_bytes(self.memory_per_worker))
+        if not (self.device_copy_s_per_byte >= 0 and math.isfinite(self.device_copy_s_per_byte)):
+            raise ValueError("device_copy_s_per_byte must be a finite number >= 0, got "
+                             f"{self.device_copy_s_per_byte!r}")
 
     @classmethod
     def parse(cls, text: str, memory_per_worker: str | float | None = None) -> HierarchicalTopology:
@@ -215,6 +223,7 @@ class HierarchicalTopology:
             "memory_per_worker": self.memory_per_worker,
             "shared_cores": (None if self.shared_cores is None
                              else asdict(self.shared_cores)),
+            "device_copy_s_per_byte": self.device_copy_s_per_byte,
         }
 
     @classmethod
@@ -236,7 +245,8 @@ class HierarchicalTopology:
         except TypeError as err:
             raise ValueError(f"bad shared_cores {shared!r}: {err}; e.g. {{'cores': 16, "
                              f"'workers_per_host': 4}}") from None
-        return cls(levels, data.get("memory_per_worker"), cores)
+        return cls(levels, data.get("memory_per_worker"), cores,
+                   float(data.get("device_copy_s_per_byte", 0.0)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -249,13 +259,15 @@ class HierarchicalTopology:
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
     """One level of `workers` at a measured network's β and α (`NetworkParams`), with
     the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
-    cost (β_cpu, γ) and the transport's eager bytes."""
+    cost (β_cpu, γ), the transport's eager bytes and, measured on GPUs, the copy rate
+    between a GPU and the host (δ)."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
                              net.beta_cpu_s_per_byte, net.gamma_s_per_byte)
     level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s, net.eager_bytes)
-    return HierarchicalTopology((level,), shared_cores=shared)
+    return HierarchicalTopology((level,), shared_cores=shared,
+                                device_copy_s_per_byte=net.device_copy_s_per_byte)
 
 
 def as_topology(topology: HierarchicalTopology | str) -> HierarchicalTopology:

@@ -124,6 +124,19 @@ def scale_host(net: NetworkParams, host_gbps: float) -> NetworkParams:
                                copy_s_per_byte=net.copy_s_per_byte * factor, kernels=kernels)
 
 
+def device_copy_s_per_byte(device_gbps: float) -> float:
+    """δ of a GPU whose copies to and from pinned host memory run at `device_gbps` GB/s.
+
+    Raises:
+        ValueError: `device_gbps` is not a positive number.
+    """
+    if not (isinstance(device_gbps, int | float) and not isinstance(device_gbps, bool)
+            and device_gbps > 0 and math.isfinite(device_gbps)):
+        raise ValueError(f"device_gbps must be a positive number of GB/s (a GPU's copy rate "
+                         f"to pinned host memory, e.g. --device-gbps 25), got {device_gbps!r}")
+    return 1e-9 / device_gbps
+
+
 def with_device_copy(net: NetworkParams, device_gbps: float | None) -> NetworkParams:
     """`net` with ranks on GPUs whose copies to and from pinned host memory run at
     `device_gbps` GB/s (δ = 1 / device_gbps), so predictions count host staging; None:
@@ -134,11 +147,7 @@ def with_device_copy(net: NetworkParams, device_gbps: float | None) -> NetworkPa
     """
     if device_gbps is None:
         return net
-    if not (isinstance(device_gbps, int | float) and not isinstance(device_gbps, bool)
-            and device_gbps > 0 and math.isfinite(device_gbps)):
-        raise ValueError(f"device_gbps must be a positive number of GB/s (a GPU's copy rate "
-                         f"to pinned host memory, e.g. --device-gbps 25), got {device_gbps!r}")
-    return dataclasses.replace(net, device_copy_s_per_byte=1e-9 / device_gbps)
+    return dataclasses.replace(net, device_copy_s_per_byte=device_copy_s_per_byte(device_gbps))
 
 
 def describe_host(net: NetworkParams, host_gbps: float | None = None,

@@ -31,10 +31,13 @@ Extensions (`ring_allreduce_cost`, `predict`):
   the transfer burns (2(p-1) w β_cpu). With free cores (a GPU cluster, C >= R (t + 1))
   all of this vanishes and the paper's equations remain.
 * Waiting for a core (`load_latency_s`, measured): on shared cores a ring step that runs
-  while the compute threads run waits λ_load for its comm thread to be scheduled. Pipe-SGD
-  overlaps them for the compute part of each iteration, so with S ring steps per
-  iteration its communication takes W' = W + S λ_load min(1, compute / W') (W the
-  unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
+  while the compute threads run waits λ_load for its comm thread to be scheduled, less
+  the step's own wire time t_step, which the transport's buffers keep moving meanwhile
+  (`core_wait_seconds`: over 300 Mbit/s with 1 MB buckets, L = 10, charging every step
+  a whole λ_load put Pipe-SGD+Q overlapped 26 % over its measured time). Pipe-SGD
+  overlaps them for the compute part of each iteration, so with D = Σ over its ring
+  steps of max(0, λ_load - t_step) its communication takes W' = W + D min(1, compute / W')
+  (W the unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
   compute waits, except at its end: ranks leave the allreduce one after another, the
   first ones start computing, and the last ring step of the others waits for a core,
   so D-Sync's iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks
@@ -222,6 +225,17 @@ def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> floa
         return comm_s + delay_s
     # W'^2 - W W' - D C = 0, the positive root (W' > C here)
     return (comm_s + math.sqrt(comm_s * comm_s + 4 * delay_s * compute_s)) / 2
+
+
+def core_wait_seconds(cost: RingCost, p: int, net: NetworkParams) -> float:
+    """What waiting for a core adds to one ring-AllReduce of `cost` while compute keeps
+    the shared cores busy: each of its 2(p-1) steps waits λ_load for the comm thread,
+    less the step's own time on the wire, which the transport's buffers keep moving
+    meanwhile (a bulk step over a slow link hides the wait; a small one pays it all)."""
+    steps = 2 * (p - 1)
+    if steps == 0:
+        return 0.0
+    return steps * max(0.0, net.load_latency_s - cost.transfer / steps)
 
 
 def compression_seconds(n: float, p: int, net: NetworkParams, mode: str) -> float:
@@ -505,8 +519,8 @@ def predict(
             iteration = cpu_bound
         bound = "communication" if comm_wall > compute_wall else "compute"
     else:
-        steps = 2 * (p - 1) * len(buckets)
-        loaded = loaded_comm_seconds(comm_wall, compute_wall, steps * network.load_latency_s)
+        loaded = loaded_comm_seconds(comm_wall, compute_wall,
+                                     sum(core_wait_seconds(c, p, network) for c in costs))
         iteration = max(compute_wall, loaded, cpu_bound)
         if loaded >= max(compute_wall, cpu_bound) and loaded > compute_work:
             exposed = loaded - compute_work
