@@ -67,7 +67,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "buffer_address",
       [](py::handle obj) {
-        // The buffer protocol, not numpy's ctypes attribute: ~0.2 us against ~0.75, paid
+        // The buffer protocol, not numpy's ctypes attribute: 0.07 us against 0.8, paid
         // by every operation (pipesgd/buffers.py has checked the array already).
         Py_buffer view;
         if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
