@@ -694,6 +694,35 @@ def _measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
     return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
+def _measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
+                       gamma: float) -> tuple[float, float]:
+    """β and its spread over a network: the slope of the slowest rank's uncompressed engine
+    allreduce between two sizes, per wire byte, less its reductions (collective). Each
+    allreduce is sized so that a link carries `sizes` bytes, as in `_measure_beta`."""
+    import numpy as np
+    from mpi4py import MPI
+
+    p = comm.Get_size()
+    quantum = 4 * p  # whole float32 elements in every rank's chunk
+    elements = {m: max(quantum, m * p // (2 * (p - 1)) // quantum * quantum) // 4
+                for m in sizes}
+    medians: dict[int, float] = {}
+    spread = 0.0
+    for m in sizes:
+        buf = np.ones(elements[m], dtype=np.float32)
+        walls = []
+        for i in range(repeats + 1):
+            comm.Barrier()
+            start = time.perf_counter()
+            engine.allreduce(buf, op="average")
+            slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            if i >= 1:  # the first is the warm-up
+                walls.append(slowest)
+        medians[4 * elements[m]], spread = _median_spread(walls)
+    n_sizes = (4 * elements[sizes[0]], 4 * elements[sizes[1]])
+    return max(_per_wire_byte(medians, n_sizes, p, gamma), 1e-15), spread
+
+
 def measure_network(
     comm: Any = None,
     *,
@@ -708,12 +737,18 @@ def measure_network(
     * α: half the round trip of a `small_bytes` ping-pong between rank 0 and the first
       rank on another node (`node_key`), or rank 1 on one node. Where ranks span nodes
       and rank 0 shares its node, the node link's α and β too (`_measure_node_link`).
-    * β: every rank sends `m` bytes to its right neighbour while receiving `m` from its
-      left (one ring step, as the ring-AllReduce runs it, in the engine's segments); β is
-      the slope of the slowest rank's time between the two `large_bytes` sizes, so latency
-      drops out. Not one large `Sendrecv`: over TCP, Open MPI's rendezvous for a message
-      above its eager limit ran at half the link's rate in some repetitions and at full
-      rate in others (16 MiB on 1 Gbit/s links: 147 or 291 ms), which the engine avoids.
+    * β: the slope of the slowest rank's time between two sizes, each a link carrying one
+      of the `large_bytes` sizes, so latency drops out. Where ranks span nodes, of the
+      engine's own uncompressed allreduce, less its reductions (γ): the ring paces itself
+      by its slowest edge and keeps the links busy through a rank's scheduling stalls,
+      which a bare exchange of MPI requests does not (4 ranks on 2 cores over 200 Mbit/s
+      links with a 1 MiB bucket: 150-187 Mbit/s for the bare ring step, 171-191 for the
+      engine, and training ran its allreduces at about 190). Within one node (shared memory,
+      where the planner's messages and MPI's own collectives go through MPI), every rank
+      sends `m` bytes to its right neighbour while receiving `m` from its left (one ring
+      step, in the engine's segments). Never one large `Sendrecv`: over TCP, Open MPI's
+      rendezvous for a message above its eager limit ran at half the link's rate in some
+      repetitions and at full rate in others (16 MiB on 1 Gbit/s links: 147 or 291 ms).
     * burst: transfers of doubling size from rank 0 to α's peer, each after an idle
       spell long enough to refill a bucket that large, until the saving stops growing;
       the token bucket that explains their times (`_measure_burst`, `fit_token_bucket`);
@@ -778,18 +813,9 @@ def measure_network(
         device_copy = comm.allreduce(measure_device_copy(device), op=MPI.MAX)
 
     # One engine for the whole measurement: its segment size shapes the probes; its comm
-    # thread sleeps until the engine's own costs are timed, last.
+    # thread sleeps until the probes that use it, last.
     engine = Engine(comm) if size > 1 else None
     try:
-        # beta, beta_cpu: a ring step at two sizes
-        beta = beta_cpu = burst = load_latency = 0.0
-        if size > 1:
-            segment = engine.segment_bytes
-            beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
-                                                 oversubscribed)
-            burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
-                                                    oversubscribed, peer)
-
         # S: barrier
         samples = []
         for _ in range(repeats * 5 + 10):
@@ -809,7 +835,19 @@ def measure_network(
             (gamma, copy, kernels, kernel_spread) if rank == 0 else None, root=0
         )
         spread.update(kernel_spread)
+
+        # beta: a ring at two sizes; then the burst, beta_cpu and the load latency
+        beta = beta_cpu = burst = load_latency = 0.0
         if size > 1:
+            segment = engine.segment_bytes
+            if spans_nodes:
+                beta, spread["beta"] = _measure_ring_beta(comm, engine, large_bytes, repeats,
+                                                          gamma)
+            else:
+                beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
+                                                     oversubscribed)
+            burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
+                                                    oversubscribed, peer)
             beta_cpu, load_latency = _engine_costs(comm, engine, large_bytes, min(repeats, 5),
                                                    gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
