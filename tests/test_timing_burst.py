@@ -1,4 +1,5 @@
-"""Finding a token bucket from transfer times after idling (`fit_token_bucket`).
+"""Finding a token bucket from transfer times after idling (`_burst_sweep`,
+`fit_token_bucket`).
 
 The times are made from the token-bucket law itself, t(m) = c + max(0, m - b) β, with
 multiplicative noise, on the doubling sizes the probe sends; the fit must recover b.
@@ -7,7 +8,7 @@ multiplicative noise, on the doubling sizes the probe sends; the fit must recove
 import numpy as np
 import pytest
 
-from pipesgd.timing.network import _on_rate_line, fit_token_bucket
+from pipesgd.timing.network import _burst_sweep, _on_rate_line, fit_token_bucket
 
 BETA = 40e-9  # 200 Mbit/s
 C = 0.1e-3
@@ -55,3 +56,15 @@ def test_the_sweep_stops_once_three_transfers_run_at_the_rate() -> None:
 def test_too_few_points_is_an_error() -> None:
     with pytest.raises(ValueError, match="three"):
         fit_token_bucket([1, 2], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("rate_bps", [100e6, 200e6, 1e9, 10e9])
+@pytest.mark.parametrize("bucket", [0, 64 << 10, 512 << 10, 2 << 20])
+def test_the_sweep_goes_far_enough_to_find_the_bucket(rate_bps: float, bucket: int) -> None:
+    """On slow links too: the sweep's time limit once stopped a 100 Mbit/s link's at
+    4 MiB, where a 2 MiB bucket has one transfer beyond it, and it was found as 1 MiB."""
+    beta = 8 / rate_bps
+    sizes, times = _burst_sweep(lambda m: C + max(0.0, m - bucket) * beta, beta)
+    found, fitted = fit_token_bucket(sizes, times)
+    assert found == pytest.approx(bucket, rel=0.25, abs=1.0)
+    assert fitted == pytest.approx(beta, rel=0.02)

@@ -355,7 +355,9 @@ def _ping_pong(comm: Any, out: Any, back: Any, segment: int | None = None,
 
 
 _BURST_FIRST_BYTES = 16 << 10
-_BURST_MAX_SECONDS = 0.5  # the longest single transfer the sweep may grow to
+# The longest single transfer the sweep may grow to: 0.5 s found a 2 MiB bucket on a
+# 100 Mbit/s link (0.17 s of its rate) as 1 MiB.
+_BURST_MAX_SECONDS = 1.0
 
 
 def fit_token_bucket(sizes: list[int], times: list[float]) -> tuple[float, float]:
@@ -401,18 +403,35 @@ def _on_rate_line(sizes: list[int], times: list[float], beta: float) -> bool:
     return min(slopes) >= 0.5 * beta and max(slopes) <= 1.3 * min(slopes)
 
 
+def _burst_sweep(time_transfer: Callable[[int], float],
+                 beta: float) -> tuple[list[int], list[float]]:
+    """Sizes and times of transfers of doubling size, each timed by `time_transfer` after
+    the link idled, until the last three lie on one line of about the link's rate (the
+    saving stopped growing) or the next would take longer than `_BURST_MAX_SECONDS`.
+    `fit_token_bucket` needs three transfers beyond the bucket, so the sweep finds buckets
+    of up to a quarter of that in seconds of the link's rate."""
+    sizes: list[int] = []
+    times: list[float] = []
+    size = _BURST_FIRST_BYTES
+    while True:
+        sizes.append(size)
+        times.append(time_transfer(size))
+        if _on_rate_line(sizes, times, beta) or 2 * size * beta > _BURST_MAX_SECONDS:
+            return sizes, times
+        size *= 2
+
+
 def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
                    polite: bool, peer: int = 1) -> tuple[float, float]:
     """Bytes a link sends at line rate after idling: (burst, spread) (collective).
 
     Rank 0 sends transfers of doubling size to rank `peer` (which answers with one byte),
-    each after the link idled long enough to refill a bucket that large, until the last
-    three lie on one line of about the link's rate (the saving stopped growing) or one
-    transfer would take `_BURST_MAX_SECONDS`. `fit_token_bucket` then finds the bucket that
-    explains the times, whatever its size: no probe size caps it. One flow on one link
-    pair: a whole ring's steps vary by more than the burst saves. The transfers travel
-    in the engine's segments: sent as one message (Open MPI's rendezvous over TCP) they
-    found no bucket at all in some runs at 1 Gbit/s and p = 2.
+    each after the link idled long enough to refill a bucket that large (`_burst_sweep`).
+    `fit_token_bucket` then finds the bucket that explains the times, whatever its size:
+    no probe size caps it. One flow on one link pair: a whole ring's steps vary by more
+    than the burst saves. The transfers travel in the engine's segments: sent as one
+    message (Open MPI's rendezvous over TCP) they found no bucket at all in some runs at
+    1 Gbit/s and p = 2.
     A bucket that saves less than 50 µs, or less than 5 % of the largest transfer, is
     noise (shared memory, a NIC without shaping): 0. The spread is that of the largest
     transfer's times.
@@ -420,11 +439,10 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
     import numpy as np
 
     ack = np.zeros(1, dtype=np.uint8)
-    sizes: list[int] = []
-    times: list[float] = []
     spread = 0.0
-    size = _BURST_FIRST_BYTES
-    while True:
+
+    def time_transfer(size: int) -> float:
+        nonlocal spread
         buf = np.ones(size, dtype=np.uint8)
         samples = []
         for _ in range(repeats):
@@ -435,11 +453,9 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
             comm.Barrier()
             samples.append(_ping_pong(comm, buf, ack, segment, polite, peer))
         took, spread = _median_spread(comm.bcast(samples, root=0))
-        sizes.append(size)
-        times.append(took)
-        if _on_rate_line(sizes, times, beta) or 2 * size * beta > _BURST_MAX_SECONDS:
-            break
-        size *= 2
+        return took
+
+    sizes, times = _burst_sweep(time_transfer, beta)
     burst, rate_beta = fit_token_bucket(sizes, times)
     if burst * rate_beta < max(50e-6, 0.05 * times[-1]):
         return 0.0, spread

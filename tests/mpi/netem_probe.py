@@ -68,13 +68,14 @@ def main() -> int:
         return 3
     if pattern == "burst":
         import pipesgd
-        from pipesgd.timing.network import _measure_beta, _measure_burst
+        from pipesgd.timing.network import _measure_burst, _measure_ring_beta
 
-        # as measure_network runs it: β from ring steps, then the burst in the engine's
-        # segments, polite waits on shared cores
+        # as measure_network runs it across nodes: β from the engine's ring (its
+        # reductions, γ, are negligible beside these links), then the burst in the
+        # engine's segments, polite waits on shared cores
         engine = pipesgd.Engine(comm)
         segment, polite = engine.segment_bytes, size > (os.cpu_count() or 1)
-        beta, _ = _measure_beta(comm, (4 << 20, 16 << 20), 5, segment, polite)
+        beta, _ = _measure_ring_beta(comm, engine, (4 << 20, 16 << 20), 5, gamma=0.0)
         burst, _ = _measure_burst(comm, beta, repeats=6, segment=segment, polite=polite)
         engine.shutdown()
         if rank == 0:
