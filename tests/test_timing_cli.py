@@ -1,5 +1,6 @@
 """`pipesgd timing` end to end: measure under mpirun, predict from files, project."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -76,3 +77,18 @@ def test_project_table(tmp_path):
                   "--markdown")
     assert res.returncode == 0, res.stderr
     assert "| 10GbE | 256 |" in res.stdout and "| 100Gbit | 2 |" in res.stdout
+
+
+def test_the_network_table_flags_a_noisy_figure():
+    """A network figure whose repetitions spread by more than a quarter is named, with what
+    to do; kernels' spreads, which predictions lean on less, are not."""
+    from pipesgd.timing import describe_cluster
+    from pipesgd.timing.cli import format_network
+
+    net = describe_cluster("1Gbit", "20us")
+    quiet = dataclasses.replace(net, spread={"alpha": 0.01, "beta": 0.16, "quant8.encode": 0.4})
+    assert "noisy" not in format_network(quiet)
+    noisy = dataclasses.replace(net, spread={"alpha": 0.01, "beta": 0.354, "burst": 0.22})
+    line = next(x for x in format_network(noisy).splitlines() if "noisy" in x)
+    assert "beta 35%" in line and "alpha" not in line and "burst" not in line
+    assert "--repeats" in line
