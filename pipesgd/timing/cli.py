@@ -145,8 +145,9 @@ def format_network(net: Any) -> str:
     rph = "all ranks" if net.ranks_per_host is None else net.ranks_per_host
     lines.append(f"  host: {net.cores} cores, {rph} per host; spread (IQR/median): "
                  + ", ".join(f"{k} {v:.0%}" for k, v in net.spread.items()))
-    if net.noisy():
-        lines.append(f"  {net.noisy()}")
+    noisy = net.noisy()
+    if noisy:
+        lines.append(f"  {noisy}")
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ they actually use; every figure is the median of repetitions, with its spread.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -701,26 +702,35 @@ def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> N
     _wait(requests, polite)
 
 
+def _slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
+                     warmups: int) -> list[float]:
+    """The slowest rank's seconds of `run` (started together after a barrier), each of
+    `repeats` timed calls after `warmups` untimed ones (collective)."""
+    from mpi4py import MPI
+
+    walls = []
+    for i in range(warmups + repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        run()
+        slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        if i >= warmups:
+            walls.append(slowest)
+    return walls
+
+
 def _measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
                   polite: bool) -> tuple[float, float]:
     """β and its spread: the slope of the slowest rank's ring step between two sizes
     (collective)."""
     import numpy as np
-    from mpi4py import MPI
 
     step_times: dict[int, list[float]] = {}
     for m in sizes:
         send = np.ones(m, dtype=np.uint8)
         recv = np.empty(m, dtype=np.uint8)
-        walls = []
-        for i in range(repeats + 3):
-            comm.Barrier()
-            start = time.perf_counter()
-            _ring_step(comm, send, recv, segment, polite)
-            slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-            if i >= 3:
-                walls.append(slowest)
-        step_times[m] = walls
+        step = functools.partial(_ring_step, comm, send, recv, segment, polite)
+        step_times[m] = _slowest_seconds(comm, step, repeats, warmups=3)
     small, large = sizes
     t_small, _ = _median_spread(step_times[small])
     t_large, spread = _median_spread(step_times[large])
@@ -733,26 +743,17 @@ def _measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: 
     allreduce between two sizes, per wire byte, less its reductions (collective). Each
     allreduce is sized so that a link carries `sizes` bytes, as in `_measure_beta`."""
     import numpy as np
-    from mpi4py import MPI
 
     p = comm.Get_size()
     quantum = 4 * p  # whole float32 elements in every rank's chunk
-    elements = {m: max(quantum, m * p // (2 * (p - 1)) // quantum * quantum) // 4
-                for m in sizes}
+    n_sizes = tuple(max(quantum, m * p // (2 * (p - 1)) // quantum * quantum) for m in sizes)
     medians: dict[int, float] = {}
     spread = 0.0
-    for m in sizes:
-        buf = np.ones(elements[m], dtype=np.float32)
-        walls = []
-        for i in range(repeats + 1):
-            comm.Barrier()
-            start = time.perf_counter()
-            engine.allreduce(buf, op="average")
-            slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-            if i >= 1:  # the first is the warm-up
-                walls.append(slowest)
-        medians[4 * elements[m]], spread = _median_spread(walls)
-    n_sizes = (4 * elements[sizes[0]], 4 * elements[sizes[1]])
+    for n in n_sizes:
+        buf = np.ones(n // 4, dtype=np.float32)
+        run = functools.partial(engine.allreduce, buf, op="average")
+        walls = _slowest_seconds(comm, run, repeats, warmups=1)
+        medians[n], spread = _median_spread(walls)
     return max(_per_wire_byte(medians, n_sizes, p, gamma), 1e-15), spread
 
 

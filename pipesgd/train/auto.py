@@ -194,7 +194,7 @@ def format_choice(choice: AutoChoice) -> str:
     tried = ", ".join(f"{mb:g}" for mb in BUCKET_MB)
     buckets = ", ".join(f"{c.config.label} {c.bucket_mb:g}" for c in choice.ranking
                         if c.config.overlap == "backward")
-    noisy = [f"auto: {net.noisy()}"] if net.noisy() else []
+    noisy = [f"auto: {warning}"] if (warning := net.noisy()) else []
     return "\n".join([head, *noisy, *table, f"bucket MiB (best of {tried}): {buckets}",
                       choice.describe()])
 
