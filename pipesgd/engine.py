@@ -25,6 +25,7 @@ from pipesgd.buffers import (
     check_op,
 )
 from pipesgd.errors import CollectiveMismatchError, PipesgdError
+from pipesgd.host_memory import keep_freed_memory
 
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
@@ -123,6 +124,7 @@ class Engine:
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
                  window: int | None = None, *, comm_nice: int = 0, comm_slice_us: int = 100,
                  poll_max_us: int = 200, poll_while_waited: bool = True) -> None:
+        keep_freed_memory()  # training's tensors reuse the heap instead of page-faulting
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
             raise ValueError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")

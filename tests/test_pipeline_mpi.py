@@ -170,3 +170,24 @@ def test_cli_runs_async_with_t1_t2_and_a_synchronous_warmup(tmp_path):
     wrong = subprocess.run([*base, "--t1", "100", "--epochs", "1"], capture_output=True,
                            text=True, env=mpi_env(), cwd=ROOT, timeout=120)
     assert wrong.returncode != 0 and "--schedule async" in wrong.stdout + wrong.stderr
+
+
+def _middle_stage_faults(env: dict[str, str] | None = None) -> tuple[float, str]:
+    out = run_mpi(3, "pipeline_page_faults.py", timeout=180, env=env).stdout
+    line = next(x for x in out.splitlines() if x.startswith("middle stage:"))
+    return float(line.split()[2]), line.split("malloc: ")[1].rstrip(")")
+
+
+def test_a_middle_stage_reuses_its_freed_memory():
+    faults, malloc = _middle_stage_faults()
+    if malloc == "not glibc":
+        pytest.skip("this C library's malloc is not glibc's")
+    assert malloc == "set"
+    # Its activations, their gradients and saved tensors are hundreds of pages a
+    # micro-batch: returned to the kernel, each would fault again on every step.
+    assert faults < 30, faults
+    # The same run with glibc's default thresholds fixed (the user's setting wins):
+    # the tensors above 128 KiB are mapped anew at every step.
+    faults, malloc = _middle_stage_faults({"MALLOC_MMAP_THRESHOLD_": "131072"})
+    assert malloc == "user settings"
+    assert faults > 300, faults

@@ -21,6 +21,7 @@ returns to the device ahead of the update.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -104,24 +105,32 @@ class ReplicaGradientSync:
         self._pending: DelayedQueue[tuple[list, Tensor, Tensor, Tensor | None]] = \
             DelayedQueue(self.schedule)
         self._round = 0  # update rounds submitted
+        self._free: list[Tensor] = []  # buffers of rounds applied, to be reused
+        self._lent: list[Tensor] = []  # buffers ready() or flush() handed out last
 
     @property
     def staleness(self) -> int:
         return self.schedule.staleness
 
     def submit(self, flat_sum: Tensor, count: float) -> None:
+        self._reclaim()
         counter = torch.tensor([float(count)], dtype=torch.float64)
         step = max(1, self.bucket_bytes // max(1, flat_sum.element_size()))
         spans = [slice(i, i + step) for i in range(0, flat_sum.numel(), step)]
         staged: Tensor | None = None
         if self.staging is None:
-            buf = flat_sum.detach().to("cpu", copy=True).contiguous()
+            buf = self._buffer(flat_sum, "cpu", lambda: torch.empty(
+                flat_sum.shape, dtype=flat_sum.dtype))
+            buf.copy_(flat_sum.detach())
             handles = [self.engine.allreduce_async(buf[s], op="sum",
                                                    compression=self.compression)
                        for s in spans]
         else:
-            staged = flat_sum.detach().clone()
-            buf = self.staging.host_empty(staged.shape, staged.dtype)
+            staged = self._buffer(flat_sum, flat_sum.device,
+                                  lambda: torch.empty_like(flat_sum))
+            staged.copy_(flat_sum.detach())
+            buf = self._buffer(flat_sum, "cpu", lambda: self.staging.host_empty(
+                flat_sum.shape, flat_sum.dtype))
             handles = [self.staging.submit(self.engine, staged[s], buf[s], op="sum",
                                            compression=self.compression)
                        for s in spans]
@@ -129,18 +138,36 @@ class ReplicaGradientSync:
         self._pending.push(self._round, (handles, buf, counter, staged))
         self._round += 1
 
+    def _buffer(self, like: Tensor, device: torch.device | str,
+                allocate: Callable[[], Tensor]) -> Tensor:
+        """A free buffer of `like`'s shape and dtype on `device`, or `allocate()`: a fresh
+        buffer of a big stage's gradient costs a page fault per 4 KiB on every round."""
+        device = torch.device(device)
+        for i, buf in enumerate(self._free):
+            if (buf.shape, buf.dtype, buf.device) == (like.shape, like.dtype, device):
+                return self._free.pop(i)
+        return allocate()
+
+    def _reclaim(self) -> None:
+        """Buffers handed out by ready() and flush() are free again: the stage applied
+        them before its next round's gradient came in."""
+        self._free.extend(self._lent)
+        self._lent.clear()
+
     def _finish(self, entry: tuple[list, Tensor, Tensor, Tensor | None]) -> list[Tensor]:
         handles, buf, counter, staged = entry
         for h in handles:
             h.wait()
         count = float(counter.item())
+        if staged is None or self.staging is None:
+            self._lent.append(buf)
+            return [buf.div_(count)] if count > 0 else []
+        # the host buffer is free once copied back; the device copy once applied
+        self._lent += [buf, staged]
         if count <= 0:
             return []
-        if staged is None or self.staging is None:
-            return [buf / count]
-        out = torch.empty_like(staged)
-        self.staging.copy_to_device(out, buf)
-        return [out.div_(count)]
+        self.staging.copy_to_device(staged, buf)
+        return [staged.div_(count)]
 
     def ready(self) -> list[Tensor]:
         """The aggregate due in the round just submitted, if any (and if any replica

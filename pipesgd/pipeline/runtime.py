@@ -21,6 +21,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
+from pipesgd.host_memory import keep_freed_memory
 from pipesgd.staging import HostStaging
 
 from . import schedule as sched
@@ -125,6 +126,7 @@ class Pipeline:
         device: torch.device | str | None = None,
         staging: bool | None = None,
     ) -> None:
+        keep_freed_memory()  # a stage's tensors reuse the heap instead of page-faulting
         if not isinstance(model, LayerModel):
             model = from_modules(list(model), input_shape=(), num_classes=0)
         self.model = model
