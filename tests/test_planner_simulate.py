@@ -387,6 +387,22 @@ def test_a_rank_sends_one_message_at_a_time():
     assert sim.link_busy[0] <= 2 / 3 + 1e-9
 
 
+def test_a_replicas_allreduce_and_its_activations_share_its_nic():
+    # Stage 0 on two replicas (no compute) feeds stage 1 (no compute) round robin; each
+    # round all-reduces W = 1 GB over 1 GB/s between the replicas, 2 (2 - 1) / 2 x 1 s =
+    # 1 s on each one's NIC. A replica's next activation (0.25 s) leaves its NIC after
+    # that ring, its gradient comes back in 0.25 s, and only then can the next round's
+    # ring start: 1.5 s per round of two micro-batches, where the ring alone (K = 2 keeps
+    # the update from waiting for it) would allow one micro-batch every 0.5 s.
+    prof = chain([1e-9, 1e-9], [1e-9, 1e-9], output=[0.25e9, 0.0], weights=[1e9, 0.0])
+    plan = Plan((StagePlan(0, 1, 2), StagePlan(1, 2)), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "3x[1GB/s]", staleness=2)
+    assert sim.time_per_micro_batch_s == pytest.approx(0.75, rel=1e-6)
+    tiny = chain([1e-9, 1e-9], [1e-9, 1e-9], output=[1.0, 0.0], weights=[1e9, 0.0])
+    assert simulate(plan, tiny, "3x[1GB/s]", staleness=2).time_per_micro_batch_s == \
+        pytest.approx(0.5, rel=1e-6)
+
+
 def test_a_shared_memory_allreduce_competes_for_the_cores():
     # One stage on 2 replicas sharing one core. Each round computes F + B = 3 on both
     # replicas (6 of work on one core) and then all-reduces 1 GB: 1 s on the wire; its

@@ -23,7 +23,9 @@ this simulation repeats in passing), one action at a time:
     AR       busy copying the gradients (`copy_s`), then free: the round's all-reduce
              starts once every replica of the stage has reached it and the stage's
              previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring)
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring) on every replica's NIC,
+             after the messages already on it (and the messages sent later queue
+             behind it: all-reduces and activations share the links)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -59,8 +61,9 @@ wire and the CPU are done); each replica's share of an all-reduce round (2(r-1)/
 time and every replica's CPU work are done). Without shared cores each worker computes
 alone, and transfers and rounds take their wire time.
 
-Left out: all-reduces sharing links with activations, compression of the replicas'
-all-reduce, gradient and communication buffers in memory.
+Left out: compression of the replicas' all-reduce, gradient and communication buffers in
+memory; a NIC's messages and all-reduces are sent one after another where TCP would
+share the link between them (the same bytes, in another order).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 
@@ -590,13 +593,19 @@ def simulate(
     done: dict[int, float] = {}  # micro-batch -> end of stage 0's backward
 
     def start_round(t: float, stage: int) -> None:
-        """The stage's next ready round: on the wire for ring_s, and on each replica's
-        comm thread for its CPU work (the engine runs rounds one at a time)."""
+        """The stage's next ready round: on every replica's NIC for ring_s, and on each
+        replica's comm thread for its CPU work (the engine runs rounds one at a time)."""
         if ar_running[stage] is not None or not ar_queue[stage]:
             return
         rnd = ar_queue[stage].pop(0)
         ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
-        push(t + ring_s[stage], ("wire", stage, rnd))
+        # each replica sends its share of the ring when its NIC is through with the
+        # messages before it, and those sent later queue behind it
+        wire_end = t
+        for r in ranks_of[stage]:
+            nic_free[r] = max(t, nic_free[r]) + ring_s[stage]
+            wire_end = max(wire_end, nic_free[r])
+        push(wire_end, ("wire", stage, rnd))
         for r in ranks_of[stage]:
             start_job(t, r, ("comm", r, stage, rnd), ring_cpu_s[stage])
 
