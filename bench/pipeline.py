@@ -20,6 +20,10 @@ forward+backward on one process) and the same micro-batch size:
 Measured bubble fraction = 1 - mean compute utilisation (F + B + update time / wall);
 theory = (S-1)/(m+S-1) for m micro-batches between flushes. Writes
 bench/results/pipeline.json, pipeline.png and the 1f1b/gpipe timelines.
+
+Targets, judged on the CNN on 2 stages (`TARGETS`: our 1f1b on micro-batches of 32 at
+least 1.25x torch's Schedule1F1B, 1.5x one process and 1.2x our gpipe on as many
+micro-batches as stages); exit status 1 when one is missed.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ from pipesgd.pipeline import timeline as tl
 from pipesgd.pipeline.data import synthetic
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+# (model, stages) -> speed-up key -> at least
+TARGETS = {("cnn", 2): {"1f1b_batch_vs_torch_1f1b": 1.25, "1f1b_batch_vs_one_process": 1.5,
+                        "1f1b_batch_vs_our_gpipe_batch": 1.2}}
+
 comm = MPI.COMM_WORLD
 RANK, SIZE = comm.Get_rank(), comm.Get_size()
 
@@ -307,12 +316,20 @@ def main() -> int:
                 print(f"{k:<16}{v['throughput']:>10.0f}{bub:>8}{th:>8}  {st:<20}{ac:<22}{rs:<16}")
             print("speedups: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items()),
                   flush=True)
+    missed = 0
+    for r in every:
+        for key, least in TARGETS.get((r["model"], SIZE), {}).items():
+            got = r["speedup"][key]
+            missed += got < least
+            if RANK == 0:
+                print(f"target {r['model']} {SIZE} stages {key} >= {least}x: {got:.2f}x "
+                      f"{'PASS' if got >= least else 'FAIL'}")
     if RANK == 0:
         args.out.write_text(json.dumps({"world_size": SIZE, "torch": torch.__version__,
                                         "benchmarks": every}, indent=2) + "\n")
         plot(every, args.out.with_suffix(".png"))
         print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
-    return 0
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
