@@ -5,7 +5,7 @@ first every block above 128 KiB) or when the top of the heap has more than a thr
 free; the next tensor of that size then costs a page fault per 4 KiB on first touch,
 with the page zeroed. Training frees and allocates the same sizes every step: a
 pipeline stage between two others (activations in, gradients out, its layers' saved
-tensors) measured 1,200-1,900 faults per micro-batch on the CNN, 40 % of its compute
+tensors) measured 1,200-1,900 faults per micro-batch on the CNN, 30-40 % of its compute
 time. `keep_freed_memory` fixes the two thresholds for the process: blocks up to 32 MiB
 (the most glibc allows) come from the heap, and the heap's top is given back only past
 1 GiB free. The process keeps its peak host memory instead of returning it between

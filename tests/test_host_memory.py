@@ -8,11 +8,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-PROBE = """
-from pipesgd.host_memory import keep_freed_memory
+MODULE = Path(__file__).resolve().parent.parent / "pipesgd" / "host_memory.py"
+# The module alone, without the package (and torch) around it: a fresh interpreter each.
+PROBE = f"""
+import importlib.util
+spec = importlib.util.spec_from_file_location("host_memory", {str(MODULE)!r})
+host_memory = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(host_memory)
+keep_freed_memory = host_memory.keep_freed_memory
 first = keep_freed_memory()
 print(first, keep_freed_memory(), sep="|")
 """
