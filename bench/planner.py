@@ -6,8 +6,9 @@ Each scenario is one `mpirun` (under `bench/netem.py` for emulated links) that, 
 MLP and the CNN of `pipesgd pipeline`:
 
 1. measures the job's network (`measure_network`, as `pipesgd pipeline --plan auto`
-   does) and profiles the model on rank 0 (`profile_layer_model`, one thread, the run's
-   micro-batch) while the other ranks sleep;
+   does), runs the whole model on every rank at once (`action_times_beside_others`) and
+   profiles it layer by layer on rank 0 (`profile_layer_model`, one thread, the run's
+   micro-batch, scaled to that run) while the other ranks sleep;
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
    stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
    (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
@@ -143,6 +144,7 @@ def worker(args: argparse.Namespace) -> int:
     from pipesgd.pipeline import MicroBatches, models
     from pipesgd.pipeline.auto_plan import measured_topology
     from pipesgd.pipeline.data import synthetic
+    from pipesgd.pipeline.runtime import action_times_beside_others
     from pipesgd.planner import profile_layer_model
     from pipesgd.polling import decided_on_root
 
@@ -157,8 +159,11 @@ def worker(args: argparse.Namespace) -> int:
         spec = models.MODELS[name]()
         mb = MICRO_BATCH[name]
 
-        def decide(spec=spec, name=name, mb=mb) -> tuple[list[dict], dict, dict]:
-            prof = profile_layer_model(spec, name, mb)
+        whole = action_times_beside_others(comm, spec, mb)  # collective
+
+        def decide(spec=spec, name=name, mb=mb, whole=whole
+                   ) -> tuple[list[dict], dict, dict]:
+            prof = profile_layer_model(spec, name, mb, whole=whole)
             kept, pick = select_plans(prof, topo, net, size, mb, args.per_shape)
             return kept, pick, prof.to_dict()
 

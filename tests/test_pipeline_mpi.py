@@ -191,3 +191,8 @@ def test_a_middle_stage_reuses_its_freed_memory():
     faults, malloc = _middle_stage_faults({"MALLOC_MMAP_THRESHOLD_": "131072"})
     assert malloc == "user settings"
     assert faults > 300, faults
+
+
+def test_the_whole_models_run_beside_the_other_ranks():
+    out = run_mpi(3, "action_times_beside_others.py", timeout=120).stdout
+    assert "beside others on 3 ranks" in out and "mean and None OK" in out, out

@@ -162,3 +162,49 @@ def test_a_model_that_cannot_run_in_one_process_keeps_its_layer_times(monkeypatc
     assert "calibration" not in prof.extra
     assert "did not run: CUDA out of memory. Tried to allocate 2.00 GiB)" in prof.source
     assert prof.stage_overhead_s > 0 and prof.loss_s > 0
+
+
+def test_action_times_count_cpu_time_not_time_asleep():
+    # A layer that sleeps 5 ms per forward costs no CPU: on the CPU the calibration run
+    # counts what a pass costs, not how long it waited (for a core it shares, or here
+    # for nothing).
+    import time
+
+    import torch
+    from torch import nn
+
+    from pipesgd.pipeline import runtime
+    from pipesgd.pipeline.models import from_modules
+
+    class Asleep(nn.Module):
+        def forward(self, x):
+            time.sleep(5e-3)
+            return x
+
+    model = from_modules([nn.Linear(4, 4), Asleep()], input_shape=(4,), num_classes=4)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the profiler runs it
+    try:
+        times = runtime.action_times(model, 2, micro_batches=8)
+    finally:
+        torch.set_num_threads(previous)
+    assert 0 < times.forward_s < 2e-3 and times.backward_s > 0
+
+
+def test_a_profile_takes_the_whole_models_run_it_is_given(monkeypatch):
+    from pipesgd.pipeline import models, runtime
+    from pipesgd.planner import profile_layer_model
+
+    spec = models.mlp((8, 16, 4))
+    alone = profile_layer_model(spec, "mlp", 4)
+    given = runtime.ActionTimes(*(3 * x for x in (
+        alone.extra["calibration"]["forward"], 1.0, 1.0)))  # any positive figures
+    real = runtime.action_times
+    monkeypatch.setattr(runtime, "action_times", lambda model, micro_batch, *a, **k: (
+        real(model, micro_batch, *a, **k) if micro_batch == 1 else pytest.fail("ran")))
+    beside = profile_layer_model(spec, "mlp", 4, whole=given)
+    assert "run beside the job's other ranks" in beside.source
+    # its layers now sum to the given run, less the runtime's own share
+    backward = sum(lp.backward_s for lp in beside.layers)
+    assert backward == pytest.approx(given.backward_s - runtime.runtime_overhead().backward_s,
+                                     rel=0.5)

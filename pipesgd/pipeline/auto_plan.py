@@ -3,7 +3,8 @@
     mpirun -n 4 pipesgd pipeline --model cnn --plan auto --bandwidth 1Gbit --memory 64MB
 
 Rank 0 profiles the model the run builds (its `LayerModel`, at the run's micro-batch, one
-thread), takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or else
+thread; scaled to the whole model's run on every rank at once, as training will share
+the hosts), takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or else
 from the job's own network (`measure_network`, all ranks, one level of p workers at its
 β and α, sharing the cores it counted), ranks the candidates with
 `pipesgd.planner.choose` and prints the ranking as
@@ -134,6 +135,8 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     from pipesgd.device import run_device
     from pipesgd.polling import decided_on_root
 
+    from .runtime import action_times_beside_others
+
     errors = (ValueError, TypeError, OSError, RuntimeError)
     try:
         # where the stages will compute; collective for "cuda"
@@ -145,9 +148,15 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         # collective: every rank measures
         topology, network, measured = measured_topology(comm, device)
     try:
+        micro = batch_sizes(args)[1]  # the same on every rank, and so is its error
+    except ValueError as err:
+        raise AutoPlanError(str(err)) from err
+    # collective: every rank runs the whole model at once, as training will
+    whole = action_times_beside_others(comm, model, micro, device)
+    try:
         return decided_on_root(
             comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured,
-                                  device), errors)
+                                  device, whole), errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
 
@@ -179,8 +188,10 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
 
 
 def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
-            network: str, measured: Any = None, device: Any = None) -> AutoPlan:
-    """Rank 0: profile on `device`, choose, print; the decision to broadcast."""
+            network: str, measured: Any = None, device: Any = None,
+            whole: Any = None) -> AutoPlan:
+    """Rank 0: profile on `device` (calibrated on `whole`, the model's run beside the
+    other ranks, where measured), choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, train_command
     from pipesgd.planner.profile import profile_layer_model
@@ -190,7 +201,8 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
         topology = _given_topology(args, workers)
         network = f"--topology {args.topology}" if args.topology else (
             f"--bandwidth {args.bandwidth} --latency {args.latency}")
-    prof = profile_layer_model(model, args.model, micro, threads=1, device=device)
+    prof = profile_layer_model(model, args.model, micro, threads=1, device=device,
+                               whole=whole)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)

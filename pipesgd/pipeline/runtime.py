@@ -527,24 +527,61 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
     samples, on `device` (default the CPU): the mean F, B and U of `micro_batches`
     micro-batches after a warm-up. What the runtime's own calls cost around the layers,
     and the caches as training leaves them, are in these times; a per-layer profile's
-    isolated layers miss both."""
+    isolated layers miss both. On the CPU with one torch thread the times are the
+    thread's CPU time (what the work costs, not the time it waited for a core it
+    shares); else wall time (a GPU computes apart from the thread, and torch's idle
+    intra-op threads spin)."""
     g = torch.Generator().manual_seed(0)
     n = micro_batches * micro_batch
     data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
                         torch.randint(model.num_classes, (n,), generator=g), micro_batch)
     pipe = Pipeline(model, Plan.even(model.num_layers, 1, micro_batch=micro_batch),
                     MPI.COMM_SELF, lr=1e-4, device=device)
+    spent = {"F": 0.0, "B": 0.0, "U": 0.0}
+    cpu_time = pipe.device.type == "cpu" and torch.get_num_threads() == 1
+    if cpu_time:
+        def timed(kind: str, handler: Callable[[Action], None]) -> Callable[[Action], None]:
+            def run(a: Action) -> None:
+                start = time.thread_time()
+                handler(a)
+                spent[kind] += time.thread_time() - start
+            return run
+
+        pipe._handlers = {k: timed(k, h) if k in spent else h
+                          for k, h in pipe._handlers.items()}
     try:
         pipe.train_epoch(data, 0, max_micro_batches=max(2, micro_batches // 4))
         pipe.timeline.clear()
+        spent.update(dict.fromkeys(spent, 0.0))
         pipe.train_epoch(data, 1)
-        spent = {"F": 0.0, "B": 0.0, "U": 0.0}
-        for _, kind, _, t0, t1 in pipe.timeline.events:
-            if kind in spent:
-                spent[kind] += t1 - t0
+        if not cpu_time:
+            for _, kind, _, t0, t1 in pipe.timeline.events:
+                if kind in spent:
+                    spent[kind] += t1 - t0
         return ActionTimes(*(spent[k] / micro_batches for k in ("F", "B", "U")))
     finally:
         pipe.close()
+
+
+def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: int,
+                               device: torch.device | str | None = None) -> ActionTimes | None:
+    """`action_times` run by every rank of `comm` at once, each on its own process, the
+    mean over the ranks; None on every rank if the model does not run on one of them.
+    Ranks that share a host's cores and memory slow each other's passes (caches evicted
+    at every switch, memory bandwidth): the small MLP's pass cost 26-58 % more CPU time
+    with 3-4 ranks on 2 cores than alone, the CNN's 3-14 %. A profile calibrated on
+    these times costs each action what training beside the other ranks will. Collective.
+    """
+    comm.Barrier()
+    try:
+        mine: ActionTimes | None = action_times(model, micro_batch, device=device)
+    except RuntimeError:  # out of memory: the whole model does not fit one worker
+        mine = None
+    every = comm.allgather(mine)
+    if any(t is None for t in every):
+        return None
+    return ActionTimes(*(sum(getattr(t, f) for t in every) / len(every)
+                         for f in ("forward_s", "backward_s", "update_s")))
 
 
 def runtime_overhead(device: torch.device | str | None = None) -> ActionTimes:

@@ -323,14 +323,17 @@ def profile(
 
 
 def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
-                        device: Any = None) -> ModelProfile:
+                        device: Any = None, whole: Any = None) -> ModelProfile:
     """Profile a `LayerModel` layer by layer on `batch` random samples with `threads`
     torch threads and the cross-entropy loss on random labels, on `device` (default the
     CPU), then scale the layers' times to a real run of the whole model as one stage of
     the pipeline runtime there, less the runtime's own time per micro-batch
     (`calibrate`, `runtime.action_times`; unscaled, saying why, where the whole model
     cannot run in one process), with the delay of a receive that slept
-    (`polling.notice_delay_s`); the profile's `extra` names the model and its shape."""
+    (`polling.notice_delay_s`); the profile's `extra` names the model and its shape.
+
+    `whole`: that run's times measured already (`runtime.action_times_beside_others`:
+    on every rank of a job at once, as it will train); None runs it here, alone."""
     import torch
 
     from pipesgd.pipeline.runtime import action_times, runtime_overhead
@@ -346,10 +349,12 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
         prof = profile(net, x, loss_fn=lambda out: torch.nn.functional.cross_entropy(
             out, labels))
         runtime = runtime_overhead(device)
-        try:
-            whole = action_times(spec, batch, device=device)
-        except RuntimeError as err:  # out of memory: the model does not fit one worker
-            whole, unscaled = None, str(err).splitlines()[0]
+        beside = whole is not None
+        if not beside:
+            try:
+                whole = action_times(spec, batch, device=device)
+            except RuntimeError as err:  # out of memory: the model does not fit one worker
+                whole, unscaled = None, str(err).splitlines()[0]
     finally:
         torch.set_num_threads(previous)
     prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
@@ -359,6 +364,8 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
                        + f"; not scaled to a run (the whole model did not run: {unscaled})")
     else:
         prof = calibrate(prof, astuple(whole), astuple(runtime))
+        if beside:
+            prof = replace(prof, source=prof.source + ", run beside the job's other ranks")
     return replace(prof, receive_delay_s=notice_delay_s())
 
 
