@@ -149,10 +149,10 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         topology, network, measured = measured_topology(comm, device)
     try:
         micro = batch_sizes(args)[1]  # the same on every rank, and so is its error
-    except ValueError as err:
+        # collective: every rank runs the whole model at once, as training will
+        whole = action_times_beside_others(comm, model, micro, device)
+    except (ValueError, RuntimeError) as err:  # raised on every rank alike
         raise AutoPlanError(str(err)) from err
-    # collective: every rank runs the whole model at once, as training will
-    whole = action_times_beside_others(comm, model, micro, device)
     try:
         return decided_on_root(
             comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured,

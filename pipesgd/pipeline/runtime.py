@@ -564,21 +564,37 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
 
 
 def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: int,
-                               device: torch.device | str | None = None) -> ActionTimes | None:
-    """`action_times` run by every rank of `comm` at once, each on its own process, the
-    mean over the ranks; None on every rank if the model does not run on one of them.
+                               device: torch.device | str | None = None,
+                               threads: int = 1) -> ActionTimes | None:
+    """`action_times` run by every rank of `comm` at once, each on its own process with
+    `threads` torch threads (the profiler's), the mean over the ranks; None on every rank
+    if the model does not fit one of them (out of memory).
+
     Ranks that share a host's cores and memory slow each other's passes (caches evicted
     at every switch, memory bandwidth): the small MLP's pass cost 26-58 % more CPU time
     with 3-4 ranks on 2 cores than alone, the CNN's 3-14 %. A profile calibrated on
     these times costs each action what training beside the other ranks will. Collective.
+
+    Raises:
+        RuntimeError: on every rank, naming the rank, where one failed otherwise.
     """
     comm.Barrier()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    mine: ActionTimes | str
     try:
-        mine: ActionTimes | None = action_times(model, micro_batch, device=device)
-    except RuntimeError:  # out of memory: the whole model does not fit one worker
-        mine = None
+        mine = action_times(model, micro_batch, device=device)
+    except Exception as err:  # every rank must hear of it, not wait for it
+        mine = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        torch.set_num_threads(previous)
     every = comm.allgather(mine)
-    if any(t is None for t in every):
+    failed = [(r, m) for r, m in enumerate(every) if isinstance(m, str)]
+    broken = [(r, m) for r, m in failed if "out of memory" not in m.lower()]
+    if broken:
+        raise RuntimeError(f"rank {broken[0][0]} could not run the whole model: "
+                           f"{broken[0][1]}")
+    if failed:
         return None
     return ActionTimes(*(sum(getattr(t, f) for t in every) / len(every)
                          for f in ("forward_s", "backward_s", "update_s")))

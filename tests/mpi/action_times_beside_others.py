@@ -1,5 +1,6 @@
 """`action_times_beside_others`: every rank runs the whole model at once; each gets the
-mean over the ranks, or None on every rank when one of them cannot run it.
+mean over the ranks, None on every rank when the model does not fit one of them, and
+the same error on every rank when one fails otherwise.
 
 Run: mpirun -n 3 python tests/mpi/action_times_beside_others.py
 """
@@ -36,6 +37,21 @@ def out_of_memory_on_rank_1(model, micro_batch, device=None):
 
 runtime.action_times = out_of_memory_on_rank_1
 assert runtime.action_times_beside_others(comm, None, 4) is None
+
+
+def broken_on_last_rank(model, micro_batch, device=None):
+    if rank == size - 1:
+        raise ValueError("no such layer\nmore")
+    return runtime.ActionTimes(1.0, 1.0, 1.0)
+
+
+runtime.action_times = broken_on_last_rank
+try:
+    runtime.action_times_beside_others(comm, None, 4)
+    raise AssertionError("no error")
+except RuntimeError as err:  # every rank hears of it, none waits forever
+    assert str(err) == (f"rank {size - 1} could not run the whole model: "
+                        "ValueError: no such layer"), err
 runtime.action_times = real
 if rank == 0:
     print(f"beside others on {size} ranks: {times}; mean and None OK", flush=True)
