@@ -245,8 +245,10 @@ def measure_communication(model: nn.Module, compression: str, bucket_mb: float,
 
 
 def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], float],
-                  ranks: int, rate: float | None) -> list[str]:
-    """The benchmark's targets for one run of the suite, as PASS/FAIL lines (rank 0)."""
+                  ranks: int, rate: float | None, recipe: bool = True) -> list[str]:
+    """The benchmark's targets for one run of the suite, as PASS/FAIL lines (rank 0).
+    The accuracy target is judged only on the recipes' own epochs and learning rates
+    (`recipe`): a shortened run has not converged."""
     by_name = {(r.config.model, r.config.name): r for r in results}
     # the speed-up targets hold where communication is slow: p = 2 on 1 Gbit/s links
     stated = ranks == 2 and rate is not None and abs(rate - 1e9) <= 1e6
@@ -282,8 +284,10 @@ def target_checks(results: list[loop.RunResult], comm_s: dict[tuple[str, str], f
                              f"(target >= {speedup:g} on 1 Gbit/s at p = 2) {verdict}")
         if (model, "dsync") in by_name:
             gap = 100 * (by_name[(model, "dsync")].final_accuracy - fast.final_accuracy)
+            verdict = ("PASS" if gap <= 0.5 else "FAIL") if recipe else \
+                "not judged (--epochs or --lr given)"
             lines.append(f"{model}: accuracy D-Sync - Pipe-SGD+Q = {gap:+.2f} pp "
-                         f"(target <= 0.5) {'PASS' if gap <= 0.5 else 'FAIL'}")
+                         f"(target <= 0.5) {verdict}")
     if not stated:
         lines.insert(0, "(the speed-up targets are stated for p = 2 on 1 Gbit/s links)")
     return lines
@@ -423,7 +427,8 @@ def main() -> int:
         shown = [{**row, "staging ms": "-" if row["staging ms"] is None
                   else f"{row['staging ms']:.3g}"} for row in rows]
         print_table(shown, f"Training, {where} (median per iteration, rank 0)")
-        checks = target_checks(results, comm_s, comm.size, rate)
+        checks = target_checks(results, comm_s, comm.size, rate,
+                               recipe=args.epochs is None and args.lr is None)
         print("\n".join(checks))
         payload = {
             "ranks": comm.size,

@@ -13,12 +13,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA is not available on this machine")
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_a_short_run_on_the_gpu_learns_like_the_cpu(model: str) -> None:
+# The CNN with K = 2 needs its warm-up and ramp to learn under momentum 0.9 (bench/train.py's
+# recipe); without momentum it learns within 40 steps (about 50 % on the CPU).
+@pytest.mark.parametrize(("model", "steps", "momentum"), [("mlp", 30, 0.9), ("cnn", 40, 0.0)])
+def test_a_short_run_on_the_gpu_learns_like_the_cpu(model: str, steps: int,
+                                                     momentum: float) -> None:
     results = {}
     for device in ("cuda", "cpu"):
-        config = loop.TrainConfig(model=model, data="digits", steps=30, batch_size=32,
-                                  lr=0.05, momentum=0.9, staleness=2, device=device)
+        config = loop.TrainConfig(model=model, data="digits", steps=steps, batch_size=32,
+                                  lr=0.05, momentum=momentum, staleness=2, device=device)
         results[device] = loop.run(config, MPI.COMM_SELF, progress=False, log=lambda _: None)
     assert results["cuda"].final_accuracy > 0.3
     assert abs(results["cuda"].final_accuracy - results["cpu"].final_accuracy) < 0.1

@@ -11,6 +11,7 @@ Run: mpirun -n 4 python tests/mpi/pipeline_staging.py [cuda]
 
 import sys
 import time
+import traceback
 
 import torch
 from mpi4py import MPI
@@ -149,8 +150,13 @@ def a_send_does_not_wait_for_the_gpu() -> None:
     link = StageLink(world, plan, rank, staging=HostStaging(device))
     if rank == 0:
         x = torch.ones(256, 64, device=device)
+        # Load the multiply's kernel now: CUDA loads a kernel at its first launch (lazy
+        # loading, the default since CUDA 12.2), and that load waits for the whole
+        # context: done below, it would wait out the sleep before the send (seen on an
+        # H100: the send then found its copy complete).
+        x * 3
         torch.cuda.synchronize()
-        torch.cuda._sleep(500_000_000)  # the compute stream is busy for a while
+        torch.cuda._sleep(500_000_000)  # the compute stream is busy for a while ...
         out = x * 3  # ... and this activation is computed after it
         begin = time.perf_counter()
         link.send(out, Action(0, "SF", 0), dst=1)
@@ -168,12 +174,17 @@ def a_send_does_not_wait_for_the_gpu() -> None:
     world.Free()
 
 
-if len(sys.argv) > 1 and sys.argv[1] == "cuda":
-    on_the_gpu_as_on_the_cpu()
-    a_send_does_not_wait_for_the_gpu()
-else:
-    same_with_and_without_staging()
-    deferred_sends_wait_for_their_copies()
+try:
+    if len(sys.argv) > 1 and sys.argv[1] == "cuda":
+        on_the_gpu_as_on_the_cpu()
+        a_send_does_not_wait_for_the_gpu()
+    else:
+        same_with_and_without_staging()
+        deferred_sends_wait_for_their_copies()
+except BaseException:
+    traceback.print_exc()
+    sys.stderr.flush()
+    comm.Abort(1)  # the other ranks may be waiting for this one: end the job now
 comm.Barrier()
 if rank == 0:
     print("OK", flush=True)
