@@ -2,13 +2,14 @@
 
 For each scenario (link rate and token bucket under bench/netem.py, p, model, bucket size)
 one mpirun job (`--worker`) measures the network (`measure_network`), profiles the model
-on rank 0 alone (one thread, the others asleep), then trains every configuration (K in
-{1, 2} x none/trunc16/quant8 x sequential/backward overlap) with the engine, a few steps
-each in turn over several rounds, and reports each one's median iteration time. The
-parent predicts each configuration from the measured network and profile only, prints
-predicted beside measured, and checks the targets: median |pred - meas| / meas <= 10 %,
-worst <= 25 %, and in every scenario the configuration `choose` ranks first is measured
-fastest or within 5 % of the fastest. The exit status is 1 when a target misses.
+on every rank at once (one thread each, in CPU time; rank 0's kept), then trains every
+configuration (K in {1, 2} x none/trunc16/quant8 x sequential/backward overlap) with the
+engine, a few steps each in turn over several rounds, and reports each one's median
+iteration time. The parent predicts each configuration from the measured network and
+profile only, prints predicted beside measured, and checks the targets: median
+|pred - meas| / meas <= 10 %, worst <= 25 %, and in every scenario the configuration
+`choose` ranks first is measured fastest or within 5 % of the fastest. The exit status
+is 1 when a target misses.
 
 The grid (`--rates`, `--bursts`, `--ps`, `--models`, `--bucket-mb`) is what the model was
 developed on. `--held-out` runs instead scenarios kept aside while it was developed
@@ -117,14 +118,17 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
     net = measure_network(comm, repeats=10)
     profiles = []
 
-    def profile_alone() -> None:
-        # rank 0 profiles while the others sleep; repeated between rounds (below)
+    def profile_beside_others() -> None:
+        # every rank profiles at once, as they train (`pipesgd train --config auto` too);
+        # rank 0's kept; repeated between rounds (below)
+        comm.Barrier()
+        prof = profile_named(model_name, batch_size, threads=1,
+                             repeats=PROFILE_REPEATS[PACE[model_name]])
         if rank == 0:
-            profiles.append(profile_named(model_name, batch_size, threads=1,
-                                          repeats=PROFILE_REPEATS[PACE[model_name]]))
+            profiles.append(prof)
         idle_barrier(comm)
 
-    profile_alone()
+    profile_beside_others()
 
     engine = pipesgd.Engine(comm)
     spec = MODELS[model_name]()
@@ -156,7 +160,7 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
                     times.append(time.perf_counter() - begin)
             # Drain before the next configuration uses the link.
             opt.synchronize()
-        profile_alone()
+        profile_beside_others()
     results = []
     for cfg, _model, opt, times in runs:
         opt.remove_hooks()

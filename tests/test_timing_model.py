@@ -472,3 +472,32 @@ def test_nothing_is_staged_from_the_cpu():
     from pipesgd.timing.network import measure_device_copy
 
     assert measure_device_copy("cpu") == 0.0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_profile_counts_cpu_time_on_one_thread_and_wall_time_on_more(threads):
+    # A layer that sleeps 5 ms per forward costs no CPU: on one torch thread the profile
+    # counts what a pass costs, not how long it waited (for a core ranks share, or here
+    # for nothing); with more threads it is wall time (their CPU time is not the thread's).
+    import time
+
+    import torch
+    from torch import nn
+
+    from pipesgd.timing import profile
+
+    class Asleep(nn.Module):
+        def forward(self, x):
+            time.sleep(5e-3)
+            return x
+
+    model = nn.Sequential(nn.Linear(4, 4), Asleep())
+    batch = (torch.randn(2, 4), torch.tensor([0, 1]))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        pr = profile(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), repeats=4)
+    finally:
+        torch.set_num_threads(previous)
+    assert pr.backward_s > 0
+    assert (pr.forward_s < 2e-3) if threads == 1 else (pr.forward_s >= 5e-3)

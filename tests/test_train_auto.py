@@ -217,3 +217,8 @@ def test_bad_input_exits_2(argv: tuple[str, ...], message: str) -> None:
     proc = train(*argv, "--steps", "2", expect_success=False)
     assert proc.returncode == 2, proc.stdout
     assert message in proc.stdout, proc.stdout
+
+
+def test_auto_profiles_on_every_rank_at_once() -> None:
+    out = run_mpi(3, "auto_profiles_every_rank.py", timeout=60).stdout
+    assert "auto profiles on every rank: ok on 3 ranks" in out, out

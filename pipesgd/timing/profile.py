@@ -138,7 +138,9 @@ def profile(
 
     On a GPU the device is synchronized around each timed region, so each figure is the
     device's time, not the time to queue its kernels; gradient-ready times stay when the
-    backward queued each gradient.
+    backward queued each gradient. On the CPU with one torch thread each figure is the
+    thread's CPU time (a pass that waited for a shared core costs no more); with more
+    threads, wall time.
 
     Returns:
         Profile with `threads` = torch.get_num_threads() at the time.
@@ -153,17 +155,24 @@ def profile(
     n_bytes = sum(p.numel() * 4 for p in params)  # gradients travel as float32
     on_gpu = any(p.is_cuda for p in params)
 
+    # On the CPU with one torch thread, the thread's CPU time: what the work costs, not the
+    # time it waited for a core that ranks share (the model stretches compute for that);
+    # else wall time (a GPU computes apart from the thread; idle intra-op threads spin).
+    # The pipeline's `action_times` follows the same rule.
+    tick = time.thread_time if not on_gpu and torch.get_num_threads() == 1 \
+        else time.perf_counter
+
     def now() -> float:
         if on_gpu:
             torch.cuda.synchronize()
-        return time.perf_counter()
+        return tick()
 
     ready: list[tuple[int, float]] = []
     clock = {"start": 0.0}
     hooks = []
     for p in params:
         def hook(param: Any, _bytes: int = p.numel() * 4) -> None:
-            ready.append((_bytes, time.perf_counter() - clock["start"]))
+            ready.append((_bytes, tick() - clock["start"]))
         hooks.append(p.register_post_accumulate_grad_hook(hook))
 
     fwd, bwd, upd, readies = [], [], [], []

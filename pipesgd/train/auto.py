@@ -1,11 +1,12 @@
 """Picking a configuration for a run: `pipesgd train --config auto`.
 
 Before training, the job measures its own network (`measure_network` on its ranks),
-profiles the model it is about to train on rank 0 alone (the other ranks sleep and leave
-it the cores), predicts every configuration with the timing model (K x compression x
-overlap; overlap during backward at each of `BUCKET_MB`) and trains the one predicted
-fastest. Rank 0 decides and broadcasts the decision, so every rank trains the same
-configuration and the replicas stay bitwise identical.
+profiles the model it is about to train on every rank at once (ranks sharing a host slow
+each other's passes as they will in training; rank 0's profile is kept), predicts every
+configuration with the timing model (K x compression x overlap; overlap during backward
+at each of `BUCKET_MB`) and trains the one predicted fastest. Rank 0 decides and
+broadcasts the decision, so every rank trains the same configuration and the replicas
+stay bitwise identical.
 
     choice = choose_for_run(config, comm)       # collective
     config = choice.apply(config)               # staleness, compression, overlap, bucket
@@ -71,7 +72,7 @@ class AutoChoice:
     Attributes:
         ranking: every configuration, fastest predicted first; `ranking[0]` is trained.
         network: the job's network, as measured on its ranks.
-        profile: the run's model, profiled on rank 0.
+        profile: the run's model, profiled on rank 0 while every rank profiled it.
         measure_s, profile_s: seconds spent measuring the network and profiling.
     """
 
@@ -184,7 +185,8 @@ def format_choice(choice: AutoChoice) -> str:
     net, prof = choice.network, choice.profile
     head = (f"auto: network {net.source} in {choice.measure_s:.2f} s: alpha "
             f"{net.alpha_s * 1e6:.2f} us, {net.bandwidth_bytes_per_s / 1e9:.2f} GB/s per ring "
-            f"step\nauto: profiled {prof.model} on rank 0 in {choice.profile_s:.2f} s, batch "
+            f"step\nauto: profiled {prof.model} on every rank in {choice.profile_s:.2f} s "
+            f"(rank 0's), batch "
             f"{prof.batch_size}/rank, {prof.threads} thread(s): l_for "
             f"{prof.forward_s * 1e3:.2f} ms, l_back {prof.backward_s * 1e3:.2f} ms, l_up "
             f"{prof.update_s * 1e3:.2f} ms, n {prof.gradient_bytes / 1e6:.2f} MB")
@@ -215,9 +217,9 @@ def format_outcome(choice: AutoChoice, measured_s: float) -> str:
 
 
 def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
-    """Measure the network on `comm`'s ranks, profile the run's model on rank 0 (the
-    others sleeping) and rank every configuration; every rank returns rank 0's decision.
-    Collective over `comm`.
+    """Measure the network on `comm`'s ranks, profile the run's model on every rank at
+    once and rank every configuration from rank 0's profile; every rank returns rank 0's
+    decision. Collective over `comm`.
 
     Raises:
         ValueError, FileNotFoundError: on every rank, when rank 0 cannot build the run's
@@ -228,9 +230,19 @@ def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
     network = measure_network(comm, repeats=NETWORK_REPEATS, device=device)
     measured = time.perf_counter()
 
-    def decide() -> AutoChoice:
+    # Every rank profiles at once, as they will train: ranks that share a host's cores and
+    # memory slow each other's passes (BENCHMARKS.md, timing model: a profile taken alone
+    # predicted compute-bound runs low).
+    failure: Exception | None = None
+    try:
         prof = profile_run(config, device)
-        profiled = time.perf_counter()
+    except (ValueError, FileNotFoundError) as exc:  # rank 0's is raised on every rank
+        failure = exc
+    profiled = time.perf_counter()
+
+    def decide() -> AutoChoice:
+        if failure is not None:
+            raise failure
         return AutoChoice(rank_configurations(prof, network, comm.size), network, prof,
                           measure_s=measured - start, profile_s=profiled - measured)
 
