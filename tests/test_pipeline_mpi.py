@@ -184,8 +184,9 @@ def test_a_middle_stage_reuses_its_freed_memory():
         pytest.skip("this C library's malloc is not glibc's")
     assert malloc == "set"
     # Its activations, their gradients and saved tensors are hundreds of pages a
-    # micro-batch: returned to the kernel, each would fault again on every step.
-    assert faults < 30, faults
+    # micro-batch: returned to the kernel, each would fault again on every step (below:
+    # thousands). Kept, what faults is the rest of the process: 4-34 per micro-batch.
+    assert faults < 150, faults
     # The same run with glibc's default thresholds fixed (the user's setting wins):
     # the tensors above 128 KiB are mapped anew at every step.
     faults, malloc = _middle_stage_faults({"MALLOC_MMAP_THRESHOLD_": "131072"})
