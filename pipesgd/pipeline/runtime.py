@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from pipesgd.host_memory import keep_freed_memory
 from pipesgd.staging import HostStaging
+from pipesgd.timing.profile import times_cpu_work
 
 from . import schedule as sched
 from .data import MicroBatches
@@ -538,7 +539,7 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
     pipe = Pipeline(model, Plan.even(model.num_layers, 1, micro_batch=micro_batch),
                     MPI.COMM_SELF, lr=1e-4, device=device)
     spent = {"F": 0.0, "B": 0.0, "U": 0.0}
-    cpu_time = pipe.device.type == "cpu" and torch.get_num_threads() == 1
+    cpu_time = times_cpu_work(on_gpu=pipe.device.type != "cpu")
     if cpu_time:
         def timed(kind: str, handler: Callable[[Action], None]) -> Callable[[Action], None]:
             def run(a: Action) -> None:

@@ -115,6 +115,17 @@ def _median_spread(samples: list[float]) -> tuple[float, float]:
     return med, (q[2] - q[0]) / med
 
 
+def times_cpu_work(on_gpu: bool) -> bool:
+    """Whether a profile times its passes in the thread's CPU time: on the CPU with one
+    torch thread, what the work costs, not the time it waited for a core that ranks share
+    (the timing model stretches compute for that itself); else wall time (a GPU computes
+    apart from the thread, and idle intra-op threads spin). The pipeline's `action_times`
+    follows this rule too."""
+    import torch
+
+    return not on_gpu and torch.get_num_threads() == 1
+
+
 def profile(
     model: Any,
     sample_batch: tuple[Any, Any],
@@ -155,12 +166,7 @@ def profile(
     n_bytes = sum(p.numel() * 4 for p in params)  # gradients travel as float32
     on_gpu = any(p.is_cuda for p in params)
 
-    # On the CPU with one torch thread, the thread's CPU time: what the work costs, not the
-    # time it waited for a core that ranks share (the model stretches compute for that);
-    # else wall time (a GPU computes apart from the thread; idle intra-op threads spin).
-    # The pipeline's `action_times` follows the same rule.
-    tick = time.thread_time if not on_gpu and torch.get_num_threads() == 1 \
-        else time.perf_counter
+    tick = time.thread_time if times_cpu_work(on_gpu) else time.perf_counter
 
     def now() -> float:
         if on_gpu:
