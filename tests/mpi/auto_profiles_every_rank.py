@@ -19,7 +19,14 @@ KERNEL = KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
                      decode_add_encode_decode=4e-10)
 NET = NetworkParams(alpha_s=1e-5, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, sync_s=2e-5,
                     kernels={"trunc16": KERNEL, "quant8": KERNEL})
-auto.measure_network = lambda comm, repeats, device: NET
+
+
+def measured(comm, repeats, device) -> NetworkParams:
+    comm.Barrier()  # collective, as the real measurement is: the ranks leave it together
+    return NET
+
+
+auto.measure_network = measured
 spans: list[tuple[float, float]] = []
 
 
