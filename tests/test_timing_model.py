@@ -181,16 +181,26 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     assert pipe.predicted_s == pytest.approx(expected)
     assert pipe.details["load_delay_s"] == pytest.approx(expected - W)
     assert sum(pipe.breakdown.values()) == pytest.approx(pipe.predicted_s)
-    # D-Sync communicates while compute waits, but its last ring step waits for a core
-    # taken by the ranks that left the allreduce first: one load latency
-    sync = predict(fast, nw, 4, staleness=1)
-    assert sync.predicted_s == pytest.approx(3e-4 + W + 2e-3)
-    assert sync.details["load_delay_s"] == pytest.approx(2e-3)
-    assert sum(sync.breakdown.values()) == pytest.approx(sync.predicted_s)
-    assert predict(fast, net(), 4, staleness=1).predicted_s == pytest.approx(3e-4 + W)
+    # D-Sync communicates while compute waits; its ranks are on hosts of their own, so
+    # the ranks that leave the allreduce first take no core from the others
+    assert predict(fast, nw, 4, staleness=1).predicted_s == pytest.approx(3e-4 + W)
     assert M.loaded_comm_seconds(0.01, 0.02, 0.0) == 0.01
     with pytest.raises(ValueError, match="load_latency_s"):
         net(load_latency_s=-1e-3)
+
+
+@pytest.mark.parametrize("p, waits", [(2, False), (3, True), (4, True)])
+def test_d_sync_waits_for_a_core_only_when_the_ranks_that_left_take_them_all(p, waits):
+    # p ranks of one compute thread each on 2 cores: the p - 1 ranks that leave the
+    # allreduce first compute while the last one's comm thread finishes its last step.
+    # At p = 2 one rank computes and the other core is free; from p = 3 none is.
+    fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    shared = dict(cores=2, ranks_per_host=None)
+    loaded = predict(fast, net(load_latency_s=2e-3, **shared), p, staleness=1)
+    idle = predict(fast, net(**shared), p, staleness=1)
+    assert loaded.predicted_s == pytest.approx(idle.predicted_s + (2e-3 if waits else 0.0))
+    assert loaded.details["load_delay_s"] == pytest.approx(2e-3 if waits else 0.0)
+    assert sum(loaded.breakdown.values()) == pytest.approx(loaded.predicted_s)
 
 
 def test_a_ring_step_longer_than_the_wait_for_a_core_hides_it():

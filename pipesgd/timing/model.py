@@ -39,10 +39,12 @@ Extensions (`ring_allreduce_cost`, `predict`):
   steps of max(0, λ_load - t_step) its communication takes W' = W + D min(1, compute / W')
   (W the unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
   compute waits, except at its end: ranks leave the allreduce one after another, the
-  first ones start computing, and the last ring step of the others waits for a core,
-  so D-Sync's iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks
-  left the allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the
-  model without it, in every compression mode).
+  first ones start computing, and the last ring step of the others waits for a core
+  where those ranks' compute threads take every core ((R - 1) t + 1 > C), so D-Sync's
+  iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks left the
+  allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
+  without it, in every compression mode). Two ranks on two cores leave a core free:
+  charged λ_load there, D-Sync's predictions ran up to 42 % over their measurements.
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
@@ -508,8 +510,10 @@ def predict(
         breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
         breakdown["staging"] = stage_s * share
-        # the last ring step of the ranks that leave the allreduce last waits for a core
-        last_step_wait = network.load_latency_s if p > 1 else 0.0
+        # the last ring step of the ranks that leave the allreduce last waits for a core,
+        # if the ranks that left first keep every core of the host busy
+        cores_taken = (R - 1) * t + 1 > C
+        last_step_wait = network.load_latency_s if p > 1 and cores_taken else 0.0
         loaded = comm_wall + last_step_wait
         breakdown["contention"] = contention_compute + last_step_wait
         iteration = compute_wall + tail + last_step_wait
