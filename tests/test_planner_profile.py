@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from fakes import Asleep
 from torch import nn
 
 from pipesgd.planner import LayerProfile, ModelProfile, profile
@@ -168,18 +169,8 @@ def test_action_times_count_cpu_time_not_time_asleep():
     # A layer that sleeps 5 ms per forward costs no CPU: on the CPU the calibration run
     # counts what a pass costs, not how long it waited (for a core it shares, or here
     # for nothing).
-    import time
-
-    import torch
-    from torch import nn
-
     from pipesgd.pipeline import runtime
     from pipesgd.pipeline.models import from_modules
-
-    class Asleep(nn.Module):
-        def forward(self, x):
-            time.sleep(5e-3)
-            return x
 
     model = from_modules([nn.Linear(4, 4), Asleep()], input_shape=(4,), num_classes=4)
     previous = torch.get_num_threads()

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from fakes import KERNELS, Asleep
 
 from pipesgd.timing import (
     Config,
@@ -17,13 +18,6 @@ from pipesgd.timing import (
     ring_allreduce_cost,
 )
 from pipesgd.timing import model as M
-
-KERNELS = {
-    "trunc16": KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
-                           decode_add_encode_decode=4e-10),
-    "quant8": KernelCosts(encode=2e-10, decode_add_encode=5e-10, decode=1e-10,
-                          decode_add_encode_decode=3e-10),
-}
 
 
 def net(**kw):
@@ -489,17 +483,10 @@ def test_profile_counts_cpu_time_on_one_thread_and_wall_time_on_more(threads):
     # A layer that sleeps 5 ms per forward costs no CPU: on one torch thread the profile
     # counts what a pass costs, not how long it waited (for a core ranks share, or here
     # for nothing); with more threads it is wall time (their CPU time is not the thread's).
-    import time
-
     import torch
     from torch import nn
 
     from pipesgd.timing import profile
-
-    class Asleep(nn.Module):
-        def forward(self, x):
-            time.sleep(5e-3)
-            return x
 
     model = nn.Sequential(nn.Linear(4, 4), Asleep())
     batch = (torch.randn(2, 4), torch.tensor([0, 1]))

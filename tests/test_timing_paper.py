@@ -7,17 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from fakes import KERNELS
 from mpirun import ROOT
 
-from pipesgd.timing import KernelCosts, NetworkParams, Profile
+from pipesgd.timing import NetworkParams, Profile
 from pipesgd.timing import paper as P
 
-KERNELS = {
-    "trunc16": KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
-                           decode_add_encode_decode=4e-10),
-    "quant8": KernelCosts(encode=2e-10, decode_add_encode=5e-10, decode=1e-10,
-                          decode_add_encode_decode=3e-10),
-}
 MIB = 1 << 20
 
 
