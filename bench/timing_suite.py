@@ -110,7 +110,7 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
     import pipesgd
     from pipesgd.pipeline.models import MODELS
     from pipesgd.polling import idle_barrier
-    from pipesgd.timing import all_configs, measure_network, profile_beside_comm, profile_named
+    from pipesgd.timing import all_configs, measure_network, profile_named
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -119,16 +119,11 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
     profiles = []
 
     def profile_beside_others() -> None:
-        # every rank profiles at once, as they train (`pipesgd train --config auto` too),
-        # then again beside an allreduce; rank 0's kept; repeated between rounds (below)
+        # every rank profiles at once, as they train (`pipesgd train --config auto` too);
+        # rank 0's kept; repeated between rounds (below)
         comm.Barrier()
-
-        def take(between_passes=None):
-            return profile_named(model_name, batch_size, threads=1,
-                                 repeats=PROFILE_REPEATS[PACE[model_name]],
-                                 between_passes=between_passes)
-
-        prof = profile_beside_comm(comm, take(), take)
+        prof = profile_named(model_name, batch_size, threads=1,
+                             repeats=PROFILE_REPEATS[PACE[model_name]])
         if rank == 0:
             profiles.append(prof)
         idle_barrier(comm)
@@ -195,7 +190,7 @@ def median_profile(profiles: list) -> Any:
     return dataclasses.replace(
         first,
         **{name: statistics.median(getattr(p, name) for p in profiles)
-           for name in ("forward_s", "backward_s", "update_s", "comm_beside_ratio")},
+           for name in ("forward_s", "backward_s", "update_s")},
         source=f"{first.source}; median of {len(profiles)} profiles taken between rounds",
     )
 

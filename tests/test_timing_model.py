@@ -1,7 +1,6 @@
 """The timing model: each equation against hand-computed values, edge cases, `choose`."""
 
 import math
-import time
 
 import pytest
 from fakes import KERNELS, Asleep
@@ -499,62 +498,3 @@ def test_profile_counts_cpu_time_on_one_thread_and_wall_time_on_more(threads):
         torch.set_num_threads(previous)
     assert pr.backward_s > 0
     assert (pr.forward_s < 2e-3) if threads == 1 else (pr.forward_s >= 5e-3)
-
-
-def test_compute_beside_the_allreduce_costs_its_ratio_over_the_part_it_overlaps():
-    # Pipe-SGD, free cores, compute-bound: 30 ms of passes, the ring W ~6.4 ms beside
-    # them. Passes that cost 1.2x beside an allreduce cost 1.2x over W / 30 ms of them.
-    W = M.ring_allreduce_cost(4e6, 4, net()).wall(1.0)
-    beside = prof(comm_beside_ratio=1.2)
-    pipe = predict(beside, net(), 4, staleness=2)
-    assert pipe.predicted_s == pytest.approx(0.005 + 0.03 * (1 + 0.2 * W / 0.03))
-    assert sum(pipe.breakdown.values()) == pytest.approx(pipe.predicted_s)
-    assert predict(prof(), net(), 4, staleness=2).predicted_s == pytest.approx(0.035)
-    # communication-bound: every pass overlapped, and still hidden behind the ring
-    fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4, comm_beside_ratio=1.2)
-    short = predict(fast, net(), 4, staleness=2)
-    assert short.predicted_s == pytest.approx(W)
-    assert short.breakdown["forward"] == pytest.approx(1.2e-4)
-    # D-Sync's allreduce runs while compute waits; one rank has no allreduce
-    for p, k in ((4, 1), (1, 2)):
-        assert predict(beside, net(), p, staleness=k).predicted_s == pytest.approx(
-            predict(prof(), net(), p, staleness=k).predicted_s)
-
-
-def test_comm_beside_ratio_is_checked_and_kept():
-    with pytest.raises(ValueError, match="comm_beside_ratio"):
-        prof(comm_beside_ratio=0.9)
-    with pytest.raises(ValueError, match="comm_beside_ratio"):
-        prof(comm_beside_ratio=math.inf)
-    pr = prof(comm_beside_ratio=1.25)
-    assert Profile.from_dict(pr.to_dict()) == pr
-    assert Profile.from_dict({**prof().to_dict()}).comm_beside_ratio == 1.0
-    old = {k: v for k, v in pr.to_dict().items() if k != "comm_beside_ratio"}
-    assert Profile.from_dict(old).comm_beside_ratio == 1.0  # files from before
-
-
-def test_profile_calls_between_passes_before_every_pass_untimed():
-    import torch
-    from torch import nn
-
-    from pipesgd.timing import profile
-
-    model = nn.Sequential(nn.Linear(4, 4))
-    batch = (torch.randn(2, 4), torch.tensor([0, 1]))
-    calls = []
-
-    def between_passes():
-        calls.append(1)
-        busy = time.thread_time() + 0.02
-        while time.thread_time() < busy:  # 20 ms of CPU, outside the timed passes
-            pass
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        pr = profile(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), warmup=2,
-                     repeats=4, between_passes=between_passes)
-    finally:
-        torch.set_num_threads(previous)
-    assert len(calls) == 6
-    assert pr.forward_s + pr.backward_s + pr.update_s < 0.02

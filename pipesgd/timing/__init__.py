@@ -27,7 +27,7 @@ from pipesgd.timing.model import (
 )
 from pipesgd.timing.network import KernelCosts, NetworkParams, measure_network
 from pipesgd.timing.paper import ps_sync, reproduce_paper
-from pipesgd.timing.profile import Profile, profile, profile_beside_comm, profile_named
+from pipesgd.timing.profile import Profile, profile, profile_named
 
 __all__ = [
     "CLUSTERS",
@@ -46,7 +46,6 @@ __all__ = [
     "parse_duration",
     "predict",
     "profile",
-    "profile_beside_comm",
     "profile_named",
     "ps_sync",
     "reproduce_paper",

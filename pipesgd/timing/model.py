@@ -45,11 +45,6 @@ Extensions (`ring_allreduce_cost`, `predict`):
   allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
   without it, in every compression mode). Two ranks on two cores leave a core free:
   charged λ_load there, D-Sync's predictions ran up to 42 % over their measurements.
-* Compute beside communication (`Profile.comm_beside_ratio`, ρ, measured where cores are
-  shared): Pipe-SGD's allreduce runs beside compute, whose passes then cost ρ times their
-  profile over the fraction of them the allreduce overlaps, min(1, W / compute) (two ranks
-  on two cores over 1 Gbit/s links: the MLP's pass 15 % dearer, the CNN's 3 %). D-Sync's
-  allreduce runs while compute waits.
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
@@ -480,11 +475,6 @@ def predict(
     total = sum(costs, RingCost())
     s_comp = max(1.0, R * t / C)
     s_comm = max(1.0, R / C)
-    if staleness >= 2 and p > 1 and l_comp > 0:
-        # compute beside the allreduce, over the part of it the allreduce overlaps
-        overlapped = min(1.0, total.wall(s_comm) / (l_comp * s_comp))
-        beside = 1.0 + (profile.comm_beside_ratio - 1.0) * overlapped
-        l_for, l_back, l_comp = l_for * beside, l_back * beside, l_comp * beside
 
     update = l_up + pack
     compute_work = update + l_comp  # one rank, profiled cores

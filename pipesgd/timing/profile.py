@@ -37,10 +37,6 @@ class Profile:
         model: a name for tables.
         spread: figure -> relative spread (IQR / median) of the repetitions.
         source: where the figures come from.
-        comm_beside_ratio: what forward and backward cost while an allreduce runs beside
-            them, over what they cost alone (>= 1; `profile_beside_comm`): on shared cores
-            the comm thread's traffic and the kernel's network work slow the compute
-            thread. 1: not measured, or no slowdown.
     """
 
     forward_s: float
@@ -53,7 +49,6 @@ class Profile:
     model: str = ""
     spread: dict[str, float] = field(default_factory=dict)
     source: str = ""
-    comm_beside_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         self.gradient_ready = [(float(b), float(f)) for b, f in self.gradient_ready]
@@ -65,10 +60,6 @@ class Profile:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"profile.{name} must be a finite number >= 0, got {value!r}")
-        ratio = self.comm_beside_ratio
-        if not (isinstance(ratio, int | float) and ratio >= 1 and math.isfinite(ratio)):
-            raise ValueError(f"profile.comm_beside_ratio must be a finite number >= 1, got "
-                             f"{ratio!r}")
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ValueError(f"profile.threads must be an integer >= 1, got {self.threads!r}")
         for nbytes, fraction in self.gradient_ready:
@@ -144,7 +135,6 @@ def profile(
     warmup: int = 3,
     repeats: int = 10,
     name: str = "",
-    between_passes: Callable[[], None] | None = None,
 ) -> Profile:
     """Time forward, backward and the optimizer step of `model` on one batch.
 
@@ -195,8 +185,6 @@ def profile(
     model.train()
     try:
         for i in range(warmup + repeats):
-            if between_passes is not None:
-                between_passes()
             optimizer.zero_grad(set_to_none=True)
             ready.clear()
             t0 = now()
@@ -252,7 +240,6 @@ def profile_named(
     num_classes: int = 10,
     last_layer_only: bool = False,
     name: str | None = None,
-    between_passes: Callable[[], None] | None = None,
 ) -> Profile:
     """`profile` of a named model (`pipesgd.model_names`: "mlp", "cnn", a network of the
     paper such as "alexnet", or MODULE:FUNCTION) with SGD on a random batch, as
@@ -296,51 +283,6 @@ def profile_named(
         x = torch.randn(batch_size, *spec.input_shape, generator=gen)
         y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
         opt = torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=lr)
-        return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=name or model,
-                       between_passes=between_passes)
+        return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=name or model)
     finally:
         torch.set_num_threads(previous)
-
-
-def profile_beside_comm(
-    comm: Any,
-    plain: Profile,
-    take: Callable[[Callable[[], None]], Profile],
-    *,
-    on_gpu: bool = False,
-    nbytes: int = 1 << 20,
-) -> Profile:
-    """`plain` with its `comm_beside_ratio`: the same profile taken again (`take(hook)`,
-    which passes `hook` to `profile` as `between_passes`) while an engine allreduces
-    `nbytes` beside every pass, as Pipe-SGD's allreduce runs beside compute.
-
-    Collective: every rank of `comm` calls it at once with the same profile settings; the
-    hook queues one allreduce before each pass and keeps at most two in flight, so every
-    rank queues as many in the same order. Measured only where the profile counts CPU
-    time (`times_cpu_work`; on a GPU compute does not share the comm thread's core) and
-    on more than one rank; `plain` unchanged otherwise.
-    """
-    import numpy as np
-
-    from pipesgd.engine import Engine
-
-    if comm.Get_size() < 2 or not times_cpu_work(on_gpu) or plain.compute_s <= 0:
-        return plain
-    engine = Engine(comm)
-    buf = np.zeros(max(1, nbytes // 4), dtype=np.float32)
-    inflight: list[Any] = []
-
-    def allreduce_beside() -> None:
-        if len(inflight) == 2:
-            inflight.pop(0).wait()
-        inflight.append(engine.allreduce_async(buf))
-
-    try:
-        beside = take(allreduce_beside)
-        for handle in inflight:
-            handle.wait()
-    finally:
-        engine.shutdown()
-    ratio = max(1.0, beside.compute_s / plain.compute_s)
-    return dataclasses.replace(plain, comm_beside_ratio=round(ratio, 4),
-                               source=f"{plain.source}; x{ratio:.3f} beside an allreduce")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from pipesgd.timing.model import (
     ranking_key,
 )
 from pipesgd.timing.network import NetworkParams, measure_network
-from pipesgd.timing.profile import Profile, profile, profile_beside_comm
+from pipesgd.timing.profile import Profile, profile
 from pipesgd.timing.report import format_ranking
 from pipesgd.train.loop import TrainConfig, build_optimizer, prepare
 
@@ -164,12 +164,10 @@ def _ranked(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: ranking_key(c.prediction, fastest))
 
 
-def profile_run(config: TrainConfig, device: torch.device | None = None,
-                between_passes: Callable[[], None] | None = None) -> Profile:
+def profile_run(config: TrainConfig, device: torch.device | None = None) -> Profile:
     """Profile the model `config` trains as the run trains it: built for its data, in its
     memory layout, with its optimizer, on a batch of `batch_size` samples of its data, on
-    the threads this process has, on `device` (default: the CPU); `between_passes` as
-    `profile` takes it.
+    the threads this process has, on `device` (default: the CPU).
 
     Raises:
         ValueError, FileNotFoundError: bad configuration or data source.
@@ -179,8 +177,7 @@ def profile_run(config: TrainConfig, device: torch.device | None = None,
     if device is not None:
         model = model.to(device)
         batch = (batch[0].to(device), batch[1].to(device))
-    return profile(model, batch, build_optimizer(config, model), name=config.model,
-                   between_passes=between_passes)
+    return profile(model, batch, build_optimizer(config, model), name=config.model)
 
 
 def format_choice(choice: AutoChoice) -> str:
@@ -192,9 +189,7 @@ def format_choice(choice: AutoChoice) -> str:
             f"(rank 0's), batch "
             f"{prof.batch_size}/rank, {prof.threads} thread(s): l_for "
             f"{prof.forward_s * 1e3:.2f} ms, l_back {prof.backward_s * 1e3:.2f} ms, l_up "
-            f"{prof.update_s * 1e3:.2f} ms, n {prof.gradient_bytes / 1e6:.2f} MB"
-            + (f", passes x{prof.comm_beside_ratio:.2f} beside an allreduce"
-               if prof.comm_beside_ratio != 1.0 else ""))
+            f"{prof.update_s * 1e3:.2f} ms, n {prof.gradient_bytes / 1e6:.2f} MB")
     table = format_ranking([c.prediction for c in choice.ranking]).splitlines()
     if table[-1].startswith("choice:"):
         table.pop()  # the last line below says it, with the bucket size
@@ -243,10 +238,6 @@ def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
         prof = profile_run(config, device)
     except (ValueError, FileNotFoundError) as exc:  # rank 0's is raised on every rank
         failure = exc
-    if comm.allreduce(failure is None, op=MPI.LAND):  # then beside an allreduce (collective)
-        prof = profile_beside_comm(
-            comm, prof, lambda hook: profile_run(config, device, between_passes=hook),
-            on_gpu=device is not None and device.type == "cuda")
     profiled = time.perf_counter()
 
     def decide() -> AutoChoice:

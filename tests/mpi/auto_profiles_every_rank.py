@@ -1,21 +1,18 @@
 """`choose_for_run` (`pipesgd train --config auto`) profiles on every rank at once, as the
-ranks will train, then again beside an allreduce (the profile's comm_beside_ratio), and
-decides from rank 0's profile; a profile that fails on rank 0 raises its error on every
-rank, without the second profile. The network and the profile are stubs here.
+ranks will train, and decides from rank 0's profile; a profile that fails on rank 0
+raises its error on every rank. The network and the profile are stubs here.
 
 Run: mpirun -n 3 python tests/mpi/auto_profiles_every_rank.py
 """
 
 import time
 
-import torch
 from mpi4py import MPI
 
 from pipesgd.timing import KernelCosts, NetworkParams, Profile
 from pipesgd.train import auto
 from pipesgd.train.loop import TrainConfig
 
-torch.set_num_threads(1)  # a profile in CPU time, which is taken beside an allreduce too
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 KERNEL = KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
@@ -33,16 +30,7 @@ auto.measure_network = measured
 spans: list[tuple[float, float]] = []
 
 
-besides: list[int] = []
-
-
-def profiled(config, device, between_passes=None) -> Profile:
-    if between_passes is not None:  # beside an allreduce: 1.5 times dearer here
-        for _ in range(5):
-            between_passes()  # queues the engine's allreduces, collective
-        besides.append(5)
-        return Profile(forward_s=0.015 * (rank + 1), backward_s=0.03, update_s=0.005,
-                       gradient_bytes=4e6)
+def profiled(config, device) -> Profile:
     begin = time.monotonic()
     time.sleep(0.2)
     spans.append((begin, time.monotonic()))
@@ -60,14 +48,13 @@ latest_begin = max(s[0][0] for s in every)
 earliest_end = min(s[0][1] for s in every)
 assert latest_begin < earliest_end, every
 assert choice.profile.forward_s == 0.01, choice.profile  # rank 0's
-assert besides == [5] and choice.profile.comm_beside_ratio == 1.5, choice.profile
 assert comm.allgather(choice.best.config) == [choice.best.config] * comm.size
 
 
-def fails_on_rank_0(config, device, between_passes=None) -> Profile:
+def fails_on_rank_0(config, device) -> Profile:
     if rank == 0:
         raise ValueError("no such data on rank 0")
-    return profiled(config, device, between_passes)
+    return profiled(config, device)
 
 
 auto.profile_run = fails_on_rank_0
@@ -77,7 +64,6 @@ except ValueError as e:
     assert "no such data on rank 0" in str(e), e
 else:
     raise AssertionError("rank 0's error was not raised")
-assert besides == [5], besides  # no second profile after the failure
 comm.Barrier()
 if rank == 0:
     print(f"auto profiles on every rank: ok on {comm.size} ranks", flush=True)
