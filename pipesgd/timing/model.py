@@ -43,8 +43,8 @@ Extensions (`ring_allreduce_cost`, `predict`):
   where those ranks' compute threads take every core ((R - 1) t + 1 > C), so D-Sync's
   iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks left the
   allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
-  without it, in every compression mode). Two ranks on two cores leave a core free:
-  charged λ_load there, D-Sync's predictions ran up to 42 % over their measurements.
+  without it, in every compression mode). Two ranks on two cores leave a core free, and
+  D-Sync charged λ_load there ran high (BENCHMARKS.md, timing model).
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
