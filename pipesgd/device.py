@@ -5,11 +5,16 @@ GPUs it sees), so the ranks of a node spread over its GPUs whatever their global
 
     device = pipesgd.device()            # cuda:<local rank> where CUDA is, else cpu
     model = build_model().to(device)
+
+On the CPU, `torch_threads(n)` runs a block with torch's intra-op threads set to n (the
+profilers time what one rank's compute thread costs with one).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from mpi4py import MPI
@@ -75,5 +80,18 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
                              "(default: cuda where available)")
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with `torch.set_num_threads(threads)` (None: as it is), and give
+    the count back after it, whatever the block raises."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 __all__ = ["DEVICES", "add_device_argument", "device", "local_rank", "local_size",
-           "run_device"]
+           "run_device", "torch_threads"]

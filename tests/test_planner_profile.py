@@ -169,16 +169,13 @@ def test_action_times_count_cpu_time_not_time_asleep():
     # A layer that sleeps 5 ms per forward costs no CPU: on the CPU the calibration run
     # counts what a pass costs, not how long it waited (for a core it shares, or here
     # for nothing).
+    from pipesgd.device import torch_threads
     from pipesgd.pipeline import runtime
     from pipesgd.pipeline.models import from_modules
 
     model = from_modules([nn.Linear(4, 4), Asleep()], input_shape=(4,), num_classes=4)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the profiler runs it
-    try:
+    with torch_threads(1):  # as the profiler runs it
         times = runtime.action_times(model, 2, micro_batches=8)
-    finally:
-        torch.set_num_threads(previous)
     assert 0 < times.forward_s < 2e-3 and times.backward_s > 0
 
 

@@ -486,15 +486,12 @@ def test_profile_counts_cpu_time_on_one_thread_and_wall_time_on_more(threads):
     import torch
     from torch import nn
 
+    from pipesgd.device import torch_threads
     from pipesgd.timing import profile
 
     model = nn.Sequential(nn.Linear(4, 4), Asleep())
     batch = (torch.randn(2, 4), torch.tensor([0, 1]))
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         pr = profile(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), repeats=4)
-    finally:
-        torch.set_num_threads(previous)
     assert pr.backward_s > 0
     assert (pr.forward_s < 2e-3) if threads == 1 else (pr.forward_s >= 5e-3)

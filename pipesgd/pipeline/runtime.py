@@ -21,6 +21,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
+from pipesgd.device import torch_threads
 from pipesgd.host_memory import keep_freed_memory
 from pipesgd.staging import HostStaging
 from pipesgd.timing.profile import times_cpu_work
@@ -580,15 +581,12 @@ def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: i
         RuntimeError: on every rank, naming the rank, where one failed otherwise.
     """
     comm.Barrier()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     mine: ActionTimes | str
     try:
-        mine = action_times(model, micro_batch, device=device)
+        with torch_threads(threads):
+            mine = action_times(model, micro_batch, device=device)
     except Exception as err:  # every rank must hear of it, not wait for it
         mine = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-    finally:
-        torch.set_num_threads(previous)
     every = comm.allgather(mine)
     failed = [(r, m) for r, m in enumerate(every) if isinstance(m, str)]
     broken = [(r, m) for r, m in failed if "out of memory" not in m.lower()]

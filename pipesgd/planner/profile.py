@@ -336,12 +336,11 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
     on every rank of a job at once, as it will train); None runs it here, alone."""
     import torch
 
+    from pipesgd.device import torch_threads
     from pipesgd.pipeline.runtime import action_times, runtime_overhead
     from pipesgd.polling import notice_delay_s
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         net = spec.build(seed=0).train().to(device)
         g = torch.Generator().manual_seed(0)
         x = torch.randn(batch, *spec.input_shape, generator=g).to(device)
@@ -355,8 +354,6 @@ def profile_layer_model(spec: Any, model: str, batch: int, threads: int = 1,
                 whole = action_times(spec, batch, device=device)
             except RuntimeError as err:  # out of memory: the model does not fit one worker
                 whole, unscaled = None, str(err).splitlines()[0]
-    finally:
-        torch.set_num_threads(previous)
     prof = replace(prof, extra={"model": model, "input_shape": list(spec.input_shape),
                                 "num_classes": spec.num_classes})
     if whole is None:

@@ -261,6 +261,7 @@ def profile_named(
     """
     import torch
 
+    from pipesgd.device import torch_threads
     from pipesgd.model_names import layer_model
     from pipesgd.pipeline.models import MODELS
 
@@ -269,10 +270,7 @@ def profile_named(
     if input_shape is None and model not in MODELS:
         raise ValueError(f"unknown model {model!r}: known are {sorted(MODELS)}, or give "
                          "MODULE:FUNCTION with an input shape")
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         spec = (MODELS[model]() if input_shape is None
                 else layer_model(model, input_shape, num_classes, seed))
         net = spec.build(seed=seed)
@@ -284,5 +282,3 @@ def profile_named(
         y = torch.randint(0, spec.num_classes, (batch_size,), generator=gen)
         opt = torch.optim.SGD([q for q in net.parameters() if q.requires_grad], lr=lr)
         return profile(net, (x, y), opt, warmup=warmup, repeats=repeats, name=name or model)
-    finally:
-        torch.set_num_threads(previous)
