@@ -29,8 +29,10 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    # the scripts import the package, each other and the suite's shared fakes
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(ROOT), str(SCRIPTS), env.get("PYTHONPATH", "")) if p
+        p for p in (str(ROOT), str(SCRIPTS), str(SCRIPTS.parent), env.get("PYTHONPATH", ""))
+        if p
     )
     # One thread per rank: ranks share two cores here.
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -51,11 +53,17 @@ def run_mpi(
 ) -> subprocess.CompletedProcess[str]:
     """Run `mpirun -n np python script args...` (or a program, with python=False);
     fail with its output if it fails or hangs. `prefix` runs mpirun through another
-    command (e.g. one that sets up a mount namespace and then execs its arguments)."""
+    command (e.g. one that sets up a mount namespace and then execs its arguments).
+
+    A script expected to succeed runs under `python -m mpi4py`, which aborts the whole
+    job when a rank raises: the others, maybe waiting for that rank, end at once with
+    its traceback instead of at the time limit. One expected to fail runs plainly, so
+    every rank reports its own error."""
     path = Path(script)
     if not path.is_absolute():
         path = SCRIPTS / path
-    program = [sys.executable, str(path)] if python else [str(path)]
+    runner = [sys.executable, "-m", "mpi4py"] if expect_success else [sys.executable]
+    program = [*runner, str(path)] if python else [str(path)]
     cmd = [*(prefix or []), *mpirun_command(np), *program, *args]
     proc = subprocess.Popen(
         cmd,

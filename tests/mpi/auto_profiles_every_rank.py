@@ -2,23 +2,22 @@
 ranks will train, and decides from rank 0's profile; a profile that fails on rank 0
 raises its error on every rank. The network and the profile are stubs here.
 
-Run: mpirun -n 3 python tests/mpi/auto_profiles_every_rank.py
+Run: PYTHONPATH=tests mpirun -n 3 python tests/mpi/auto_profiles_every_rank.py
 """
 
 import time
 
+from fakes import KERNELS
 from mpi4py import MPI
 
-from pipesgd.timing import KernelCosts, NetworkParams, Profile
+from pipesgd.timing import NetworkParams, Profile
 from pipesgd.train import auto
 from pipesgd.train.loop import TrainConfig
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
-KERNEL = KernelCosts(encode=1e-10, decode_add_encode=3e-10, decode=2e-10,
-                     decode_add_encode_decode=4e-10)
 NET = NetworkParams(alpha_s=1e-5, beta_s_per_byte=1e-9, gamma_s_per_byte=1e-10, sync_s=2e-5,
-                    kernels={"trunc16": KERNEL, "quant8": KERNEL})
+                    kernels=KERNELS)
 
 
 def measured(comm, repeats, device) -> NetworkParams:
