@@ -434,6 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         return relaunch_over_netem(args, argv)
     if args.launches:
         return run_launch_series(args, argv)
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.size < 2:
+        print("allreduce.py: one rank has nothing to reduce with; run it under "
+              "`mpirun -n 2` or more, or with --launches N --np P or --netem RATE --np P",
+              file=sys.stderr)
+        return 2
     run(args)
     return 0
 
