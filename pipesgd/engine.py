@@ -116,9 +116,9 @@ class Engine:
             0: the kernel's default).
         poll_max_us: while segments stream in over a slow link, the comm thread's sleep
             between tests doubles from PIPESGD_POLL_US up to this.
-        poll_while_waited: while a thread waits on an operation over shared memory,
-            poll without sleeping (spin with a core per rank, else `sched_yield`);
-            False always sleeps between tests.
+        poll_while_waited: while a thread waits on an operation, poll without sleeping
+            (over shared memory spin with a core per rank, else test and `sched_yield`;
+            over a network test and `sched_yield`); False always sleeps between tests.
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
@@ -205,11 +205,12 @@ class Engine:
 
         - ``"spin"``: over shared memory with a core per rank on the node. The waiting
           thread's core is idle, and a nap only adds a descheduled peer's lateness.
-        - ``"yield"``: over shared memory with more ranks than cores: test, then
-          ``sched_yield``, so a peer sharing the core runs at once (as Open MPI does
-          when oversubscribed).
-        - ``"sleep"``: over a network, where the link sets the pace: nap between tests
-          as at any other time.
+        - ``"yield"``: over shared memory with more ranks than cores, and over a
+          network: test, then ``sched_yield``, so a peer or the kernel's network work
+          sharing the core runs at once (as Open MPI does when oversubscribed). A link
+          that bursts after idling (a token bucket) delivers faster than naps follow.
+        - ``"sleep"``: ``poll_while_waited=False``: nap between tests as at any other
+          time.
         """
         return str(self._engine.polling_while_waited)
 

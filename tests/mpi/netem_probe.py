@@ -42,7 +42,9 @@ def _comm_thread_wakes() -> int:
 
 
 def _engine_wakes(comm, nbytes: int, poll_max_us: int | None) -> int:
-    """Wake-ups of this rank's comm thread during one allreduce, checked against MPI's."""
+    """Wake-ups of this rank's comm thread during one allreduce, checked against MPI's.
+    Nothing waits on it meanwhile (as when Pipe-SGD computes): a thread in `wait` would
+    make the comm thread test and yield instead of napping."""
     import pipesgd
 
     options = {} if poll_max_us is None else {"poll_max_us": poll_max_us}
@@ -52,8 +54,11 @@ def _engine_wakes(comm, nbytes: int, poll_max_us: int | None) -> int:
     comm.Allreduce(x, expect, op=MPI.SUM)
     engine.allreduce(np.zeros(4, np.float32), timeout=60)  # the thread is up and tuned
     before = _comm_thread_wakes()
-    engine.allreduce(x, op="sum", timeout=60)
+    handle = engine.allreduce_async(x, op="sum")
+    while not handle.done():
+        time.sleep(1e-3)
     wakes = _comm_thread_wakes() - before
+    handle.wait(timeout=60)
     engine.shutdown()
     if not np.array_equal(x, expect):  # small integers: every order is exact
         raise AssertionError("the engine's sum differs from MPI's")
