@@ -71,8 +71,7 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
   // over shared memory a segment follows within microseconds. Over a network it tests
   // and yields (never a bare spin, which would hold up the kernel's network work on that
   // core): a link that has idled bursts on a refilled token bucket faster than the naps'
-  // back-off follows (quant8, 1.1 MB at p = 4 on emulated 1 Gbit/s links with a 1 MiB
-  // bucket after 3 ms idle: 2.7-2.95 ms napping, 1.0 ms yielding, with less CPU).
+  // back-off follows (docs/engine.md, "Polling", has the measurement).
   WaitedPolling while_waited = WaitedPolling::kSleep;
   if (config_.poll_while_waited != 0) {
     while_waited = shared_memory && transport.core_per_rank ? WaitedPolling::kSpin

@@ -581,6 +581,8 @@ def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], re
     in every millisecond."""
     import numpy as np
 
+    from pipesgd.polling import Polling, wait_until
+
     cpu: dict[int, float] = {}
     for m in sizes:
         buf = np.ones(m // 4, dtype=np.float32)
@@ -589,8 +591,7 @@ def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], re
             comm.Barrier()
             cpu0 = time.process_time()
             handle = engine.allreduce_async(buf, op="average")
-            while not handle.done():
-                time.sleep(1e-3)
+            wait_until(handle.done, Polling(spin_s=0.0, poll_s=1e-3))
             handle.wait()
             if i >= 2:
                 samples.append(time.process_time() - cpu0)
