@@ -166,11 +166,11 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     # own transfer; still compute-bound
     nw = net(load_latency_s=2e-3)
     assert predict(pr, nw, 4, staleness=2).predicted_s == pytest.approx(0.035)
-    # 0.3 ms of compute overlaps only part of the ring: W' = W + D * C / W' by hand
+    # 0.3 ms of compute overlaps only part of the ring. By hand: for those 0.3 ms the
+    # ring advances at the loaded pace W / (W + D), then does the rest of W unloaded.
     fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
     D, C = 6 * (2e-3 - 1e-3), 3e-4
-    expected = (W + math.sqrt(W * W + 4 * D * C)) / 2
-    assert expected == pytest.approx(W + D * C / expected)
+    expected = C + (W - C * W / (W + D))
     pipe = predict(fast, nw, 4, staleness=2)
     assert pipe.predicted_s == pytest.approx(expected)
     assert pipe.details["load_delay_s"] == pytest.approx(expected - W)
@@ -179,6 +179,8 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     # the ranks that leave the allreduce first take no core from the others
     assert predict(fast, nw, 4, staleness=1).predicted_s == pytest.approx(3e-4 + W)
     assert M.loaded_comm_seconds(0.01, 0.02, 0.0) == 0.01
+    # compute longer than the loaded ring: the whole ring runs loaded
+    assert M.loaded_comm_seconds(0.01, 0.05, 0.02) == pytest.approx(0.03)
     with pytest.raises(ValueError, match="load_latency_s"):
         net(load_latency_s=-1e-3)
 

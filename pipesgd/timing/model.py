@@ -35,9 +35,10 @@ Extensions (`ring_allreduce_cost`, `predict`):
   the step's own wire time t_step, which the transport's buffers keep moving meanwhile
   (`core_wait_seconds`: over 300 Mbit/s with 1 MB buckets, L = 10, charging every step
   a whole λ_load put Pipe-SGD+Q overlapped 26 % over its measured time). Pipe-SGD
-  overlaps them for the compute part of each iteration, so with D = Σ over its ring
-  steps of max(0, λ_load - t_step) its communication takes W' = W + D min(1, compute / W')
-  (W the unloaded time; `loaded_comm_seconds` solves it). D-Sync's communication runs while
+  overlaps them for the compute part of each iteration. With D = Σ over its ring steps
+  of max(0, λ_load - t_step), the ring runs at the loaded pace W / (W + D) while compute
+  runs and at full pace after it, so it takes W' = W + D min(1, compute / (W + D))
+  (`loaded_comm_seconds`; W the unloaded time). D-Sync's communication runs while
   compute waits, except at its end: ranks leave the allreduce one after another, the
   first ones start computing, and the last ring step of the others waits for a core
   where those ranks' compute threads take every core ((R - 1) t + 1 > C), so D-Sync's
@@ -219,14 +220,17 @@ def burst_saving(net: NetworkParams, idle_s: float, transfer_s: float) -> float:
 
 
 def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> float:
-    """W' = W + D min(1, C / W'): communication of W seconds, of which the part that
-    overlaps C seconds of compute is delayed by D in total (D = ring steps x λ_load)."""
+    """W' = W + D min(1, C / (W + D)): communication of W seconds that takes W + D while
+    compute keeps the cores busy (D = its ring steps' waits for a core) and W after.
+
+    Beside C seconds of compute the ring advances at the loaded pace W / (W + D), so
+    those C seconds cost it C D / (W + D) of delay; the rest runs unloaded. (Spreading D
+    over the loaded time W' instead charged Pipe-SGD+Q up to 37 % over its measured
+    iteration, and synthetic compute beside quant8, trunc16 and plain allreduces at
+    1 and 2 Gbit/s followed this form: BENCHMARKS.md, timing model.)"""
     if delay_s <= 0 or comm_s <= 0:
         return comm_s
-    if comm_s + delay_s <= compute_s:
-        return comm_s + delay_s
-    # W'^2 - W W' - D C = 0, the positive root (W' > C here)
-    return (comm_s + math.sqrt(comm_s * comm_s + 4 * delay_s * compute_s)) / 2
+    return comm_s + delay_s * min(1.0, compute_s / (comm_s + delay_s))
 
 
 def core_wait_seconds(cost: RingCost, p: int, net: NetworkParams) -> float:

@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+from amp_backward import scaled_backward
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -83,16 +84,9 @@ def amp_run(engine, device: str, staleness: int, hook: bool
     for t in range(8):
         g = torch.Generator().manual_seed(t)
         x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
-        poison = model[0].weight.register_hook(
-            lambda grad: grad.index_put((torch.tensor([0]), torch.tensor([0])),
-                                        torch.tensor(float("inf"), device=grad.device))
-        ) if t == POISONED else None
         sgd.zero_grad()
-        with torch.autocast(device, dtype=dtype):
-            loss = F.cross_entropy(forward(x.to(device)).float(), y.to(device))
-        scaler.scale(loss).backward()
-        if poison is not None:
-            poison.remove()
+        scaled_backward(scaler, forward, x.to(device), y.to(device),
+                        model[0].weight if t == POISONED else None, device=device, dtype=dtype)
         if not hook:
             opt.step()
         elif state.has_update:

@@ -14,8 +14,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 # The CNN with K = 2 needs its warm-up and ramp to learn under momentum 0.9 (bench/train.py's
-# recipe); without momentum it learns within 40 steps (about 50 % on the CPU).
-@pytest.mark.parametrize(("model", "steps", "momentum"), [("mlp", 30, 0.9), ("cnn", 40, 0.0)])
+# recipe). Without momentum it leaves its loss plateau after about 150 steps; before 250 its
+# accuracy swings by tens of points between runs of one device (the GPU's sums are not
+# deterministic), so it is compared after 400 (97-98 % on an H200 and on the CPU).
+@pytest.mark.parametrize(("model", "steps", "momentum"), [("mlp", 30, 0.9), ("cnn", 400, 0.0)])
 def test_a_short_run_on_the_gpu_learns_like_the_cpu(model: str, steps: int,
                                                      momentum: float) -> None:
     results = {}
