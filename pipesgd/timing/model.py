@@ -226,8 +226,8 @@ def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> floa
     Beside C seconds of compute the ring advances at the loaded pace W / (W + D), so
     those C seconds cost it C D / (W + D) of delay; the rest runs unloaded. (Spreading D
     over the loaded time W' instead charged Pipe-SGD+Q up to 37 % over its measured
-    iteration, and synthetic compute beside quant8, trunc16 and plain allreduces at
-    1 and 2 Gbit/s followed this form: BENCHMARKS.md, timing model.)"""
+    iteration; synthetic iterations of compute beside quant8, trunc16 and plain
+    allreduces follow this form: `bench/core_wait.py`, BENCHMARKS.md.)"""
     if delay_s <= 0 or comm_s <= 0:
         return comm_s
     return comm_s + delay_s * min(1.0, compute_s / (comm_s + delay_s))
