@@ -143,6 +143,7 @@ def test_a_layer_model_profile_carries_the_runtime_s_costs():
     assert prof.loss_s > 0 and prof.stage_overhead_s > 0 and prof.receive_delay_s > 0
     assert set(prof.extra["calibration"]) == {"forward", "backward", "update"}
     assert all(f > 0 for f in prof.extra["calibration"].values())
+    assert 0 <= prof.cold_s_per_byte < 1e-6  # a second per MB would be no cache effect
     # a sleep of 2 ms between tests: noticed 1 ms late on average, never sooner
     assert 1e-3 <= notice_delay_s(Polling(spin_s=0.0, poll_s=2e-3), samples=5) < 5e-3
 
@@ -196,3 +197,10 @@ def test_a_profile_takes_the_whole_models_run_it_is_given(monkeypatch):
     backward = sum(lp.backward_s for lp in beside.layers)
     assert backward == pytest.approx(given.backward_s - runtime.runtime_overhead().backward_s,
                                      rel=0.5)
+
+
+def test_a_model_without_weights_has_nothing_to_bring_back_to_the_caches():
+    from pipesgd.planner.profile import cold_cache_s_per_byte
+
+    x = torch.randn(4, 8, requires_grad=True)
+    assert cold_cache_s_per_byte(nn.Sequential(nn.ReLU()), x, lambda y: y.sum()) == 0.0

@@ -342,6 +342,34 @@ def test_a_rank_asleep_on_a_message_notices_it_late():
     assert sim.time_per_micro_batch_s == pytest.approx(6.5)
 
 
+def test_an_action_after_a_sleep_refills_the_caches():
+    # The example above with 1 GB of weights per stage and 0.25 ns per byte to bring them
+    # back: stage 1's forward follows its sleep on the activation, stage 0's backward its
+    # sleep on the gradient; each is 0.25 s longer, the actions that follow another
+    # action are not: 6 + 2 x 0.25 per micro-batch.
+    prof = dataclasses.replace(chain([1.0, 1.0], [2.0, 2.0], weights=[1e9, 1e9]),
+                               cold_s_per_byte=0.25e-9)
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, "2x[1GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx(6.5)
+    durations = {iv.action[1] + str(iv.rank): iv.end - iv.start for iv in sim.timeline}
+    assert durations == pytest.approx({"F0": 1.0, "B0": 2.25, "F1": 1.25, "B1": 2.0})
+    # one rank alone never waits: nothing to refill
+    alone = dataclasses.replace(chain([1.0], [2.0], weights=[1e9]), cold_s_per_byte=0.25e-9)
+    assert simulate(Plan.even(1, 1, micro_batch=4), alone).time_per_micro_batch_s == \
+        pytest.approx(3.0)
+
+
+def test_the_cold_cache_cost_round_trips_through_json_and_is_checked():
+    prof = dataclasses.replace(chain([1.0], [2.0]), cold_s_per_byte=1.1e-10)
+    assert ModelProfile.from_dict(prof.to_dict()).cold_s_per_byte == 1.1e-10
+    assert ModelProfile.from_dict(chain([1.0], [2.0]).to_dict() | {"cold_s_per_byte": 0.0}) \
+        .cold_s_per_byte == 0.0
+    older = {k: v for k, v in prof.to_dict().items() if k != "cold_s_per_byte"}
+    assert ModelProfile.from_dict(older).cold_s_per_byte == 0.0  # written before it existed
+    with pytest.raises(ValueError, match="cold_s_per_byte"):
+        dataclasses.replace(prof, cold_s_per_byte=-1e-10)
+
+
 @pytest.mark.parametrize("eager, expected", [(0.0, 6.0), (0.5e9, 5.5), (1e9, 4.0)])
 def test_the_eager_part_of_a_message_moves_before_the_receiver_asks(eager, expected):
     # Two stages, two in flight, stage 0 F = B = 1, stage 1 F = 1, B = 3; every message

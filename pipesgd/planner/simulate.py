@@ -32,7 +32,9 @@ this simulation repeats in passing), one action at a time:
 
 so the all-reduce of a replicated stage starts when the backward of the last micro-batch
 of an update round ends, as `ReplicaGradientSync` does, not by PipeDream's wait-free rule
-(per-layer all-reduces overlapping the rest of the backward).
+(per-layer all-reduces overlapping the rest of the backward). An F, B or U that follows a
+wait the rank slept through (RF, RB, U) is busy longer by the stage's weight bytes x the
+profile's `cold_s_per_byte`: its data left the caches meanwhile.
 
 Links and placement. Ranks map to topology workers by `plan.extra["placement"]` (what
 `to_plan` writes) or in rank order. Two ranks talk over the lowest level holding both;
@@ -572,8 +574,9 @@ def simulate(
     def deliver(key: tuple, at: float, nbytes: float, slept: bool = True) -> None:
         """The payload of `key` (`nbytes`) is in at `at`; its receiver, asleep on it,
         notices (the profile's receive_delay_s), copies it to its GPU where it computes
-        on one (δ per byte), and resumes."""
+        on one (δ per byte), and resumes, its caches cold if it slept."""
         rank = waiting_msg.pop(key)
+        cold[rank] = cold[rank] or slept
         arrival[key] = at
         wake(at + (profile.receive_delay_s if slept else 0.0)
              + nbytes * net.device_copy_s_per_byte, rank)
@@ -589,6 +592,7 @@ def simulate(
     waiting_ar: dict[tuple[int, int], list[int]] = defaultdict(list)
     compute: list[list[Interval]] = [[] for _ in range(world)]
     started = [0.0] * world  # start of the rank's compute action under way
+    cold = [False] * world  # the rank slept since its last compute: its caches lost its data
     copied = [False] * world  # the AR under way has copied its gradients
     done: dict[int, float] = {}  # micro-batch -> end of stage 0's backward
 
@@ -624,6 +628,14 @@ def simulate(
             wake(t, other)
         start_round(t, stage)
 
+    def compute_action(t: float, rank: int, work: float) -> None:
+        """The rank computes `work` seconds, more if it slept since its last compute."""
+        if cold[rank]:
+            work += costs[stage_of[rank]].weight_bytes * profile.cold_s_per_byte
+            cold[rank] = False
+        started[rank] = t
+        start_job(t, rank, ("compute", rank), work)
+
     def run(rank: int, t: float) -> None:
         """Run the rank's actions from its program counter until it waits or computes."""
         mine = acts[rank]
@@ -637,8 +649,7 @@ def simulate(
                     d += cost.copy_s if memory[rank].forward(a.mb) else 0.0
                 else:
                     memory[rank].backward_done(a.mb)
-                started[rank] = t
-                start_job(t, rank, ("compute", rank), d)
+                compute_action(t, rank, d)
                 return
             if a.kind in ("SF", "SB"):
                 dst = sched.peer(plan, a)
@@ -683,11 +694,11 @@ def simulate(
                     due = a.mb if a.mb == last_round[stage] else a.mb - (staleness - 1)
                     if due >= 0 and (stage, due) not in ar_end:
                         waiting_ar[(stage, due)].append(rank)
+                        cold[rank] = True
                         return
                 memory[rank].update()
                 if cost.update_s > 0:
-                    started[rank] = t
-                    start_job(t, rank, ("compute", rank), cost.update_s)
+                    compute_action(t, rank, cost.update_s)
                     return
             pc[rank] += 1
 
