@@ -80,13 +80,16 @@ def worker(nbytes: int, out: str) -> None:
             handle.wait()
         return (time.perf_counter() - start) / 8
 
-    def iterations(buf, compression: str, units: int, mode: str) -> float:
+    def iterations(buf, compression: str, units: int, mode: str, asleep_s: float = 0.0
+                   ) -> float:
+        """Median seconds per iteration: `units` of compute (or, for "d-sync asleep",
+        `asleep_s` of sleep) and the allreduce as `mode` says."""
         idle_barrier(comm)
         times, previous = [], None
         for _ in range(ITERATIONS):
             start = time.perf_counter()
-            if mode == "d-sync sleep":
-                time.sleep(units)  # here `units` is seconds
+            if mode == "d-sync asleep":
+                time.sleep(asleep_s)
             else:
                 spin(units)
             if mode == "pipe-sgd":
@@ -124,7 +127,8 @@ def worker(nbytes: int, out: str) -> None:
                 "C_s": compute,
                 "pipe_sgd_s": iterations(buf, compression, units, "pipe-sgd"),
                 "d_sync_s": iterations(buf, compression, units, "d-sync"),
-                "d_sync_sleeping_s": iterations(buf, compression, compute, "d-sync sleep"),
+                "d_sync_sleeping_s": iterations(buf, compression, 0, "d-sync asleep",
+                                                asleep_s=compute),
             })
     engine.shutdown()
     if comm.Get_rank() == 0:
