@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from mpi4py import MPI
 
@@ -64,6 +64,16 @@ def wait_until(test: Callable[[], bool], polling: Polling | None = None,
     polling = Polling.from_env() if polling is None else polling
     return _C.polite_wait(test, round(polling.spin_s * 1e6), round(polling.poll_s * 1e6),
                           -1.0 if timeout_s is None else timeout_s)
+
+
+def wait_unwatched(handle: Any, poll_s: float = 1e-3) -> None:
+    """Wait for an engine operation without blocking in `Handle.wait`: look every
+    `poll_s`, asleep between looks, then collect it (raising what it raised).
+
+    A thread blocked in `wait` makes the comm thread poll without napping; measuring
+    what communication costs the compute beside it (as Pipe-SGD runs) needs it not to."""
+    wait_until(handle.done, Polling(spin_s=0.0, poll_s=poll_s))
+    handle.wait()
 
 
 def notice_delay_s(polling: Polling | None = None, samples: int = 40) -> float:

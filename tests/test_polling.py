@@ -67,3 +67,22 @@ def test_other_python_threads_run_while_it_sleeps() -> None:
 def test_negative_intervals_are_refused() -> None:
     with pytest.raises(ValueError, match="spin_us and poll_us"):
         _C.polite_wait(lambda: True, -1, 50)
+
+
+def test_wait_unwatched_looks_until_done_then_collects_the_result():
+    from pipesgd.polling import wait_unwatched
+
+    class Handle:
+        looks, waits = 0, 0
+
+        def done(self) -> bool:
+            self.looks += 1
+            return self.looks >= 3
+
+        def wait(self) -> None:
+            assert self.looks >= 3, "collected before it was done"
+            self.waits += 1
+
+    handle = Handle()
+    wait_unwatched(handle, poll_s=1e-4)
+    assert (handle.looks, handle.waits) == (3, 1)

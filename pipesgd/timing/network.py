@@ -577,11 +577,10 @@ def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], re
 
     Taken with no thread blocked in `wait`, as when Pipe-SGD computes beside them: a
     waiting caller makes the comm thread poll without napping (its core is idle then),
-    which is not what communication costs the compute beside it. This thread only looks
-    in every millisecond."""
+    which is not what communication costs the compute beside it (`wait_unwatched`)."""
     import numpy as np
 
-    from pipesgd.polling import Polling, wait_until
+    from pipesgd.polling import wait_unwatched
 
     cpu: dict[int, float] = {}
     for m in sizes:
@@ -590,9 +589,7 @@ def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], re
         for i in range(repeats + 2):
             comm.Barrier()
             cpu0 = time.process_time()
-            handle = engine.allreduce_async(buf, op="average")
-            wait_until(handle.done, Polling(spin_s=0.0, poll_s=1e-3))
-            handle.wait()
+            wait_unwatched(engine.allreduce_async(buf, op="average"))
             if i >= 2:
                 samples.append(time.process_time() - cpu0)
         cpu[m] = statistics.median(samples)

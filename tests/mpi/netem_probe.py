@@ -46,7 +46,7 @@ def _engine_wakes(comm, nbytes: int, poll_max_us: int | None) -> int:
     Nothing waits on it meanwhile (as when Pipe-SGD computes): a thread in `wait` would
     make the comm thread test and yield instead of napping."""
     import pipesgd
-    from pipesgd.polling import Polling, wait_until
+    from pipesgd.polling import wait_unwatched
 
     options = {} if poll_max_us is None else {"poll_max_us": poll_max_us}
     engine = pipesgd.Engine(comm, **options)
@@ -55,10 +55,8 @@ def _engine_wakes(comm, nbytes: int, poll_max_us: int | None) -> int:
     comm.Allreduce(x, expect, op=MPI.SUM)
     engine.allreduce(np.zeros(4, np.float32), timeout=60)  # the thread is up and tuned
     before = _comm_thread_wakes()
-    handle = engine.allreduce_async(x, op="sum")
-    wait_until(handle.done, Polling(spin_s=0.0, poll_s=1e-3))
+    wait_unwatched(engine.allreduce_async(x, op="sum"))
     wakes = _comm_thread_wakes() - before
-    handle.wait(timeout=60)
     engine.shutdown()
     if not np.array_equal(x, expect):  # small integers: every order is exact
         raise AssertionError("the engine's sum differs from MPI's")
