@@ -46,7 +46,8 @@ class Engine {
   // operation from the start (a caller starved of its core on the way into
   // wait() must not leave the operation napping meanwhile).
   // `gated`: the buffer is not filled yet; the operation keeps its place in the order but
-  // does not start before the caller's Operation::open_gate().
+  // does not start before the caller's Operation::open_gate(). On one rank an ungated
+  // operation with nothing ahead of it is returned finished.
   std::shared_ptr<Operation> allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
                                        Compression compression, bool caller_waits = false,
                                        bool gated = false);
@@ -95,6 +96,9 @@ class Engine {
                                             ReduceOp op, Compression compression) const;
   // Runs `op` on the links or as MPI messages, as the tuner says, and teaches the tuner.
   void run_on_tuned_path(Operation& op);
+  // Runs `operation` on this thread, numbered next, if nothing is queued or running;
+  // false (and nothing done) otherwise.
+  bool run_here_if_idle(Operation& operation, bool caller_waits);
   // Gives `operation` its sequence number and queues it for the comm thread.
   std::shared_ptr<Operation> enqueue(std::shared_ptr<Operation> operation, bool caller_waits);
 

@@ -57,6 +57,20 @@ def test_unknown_op_and_compression(engine) -> None:
         engine.allreduce(np.ones(4, np.float64), compression="quant8")
 
 
+def test_single_rank_async_finishes_at_once_unless_something_is_ahead(engine) -> None:
+    # One rank has nothing to exchange: with nothing queued the handle comes back done...
+    x = np.arange(8, dtype=np.float32)
+    assert engine.allreduce_async(x, op="average").done()
+    assert np.array_equal(x, np.arange(8, dtype=np.float32))
+    # ...but an operation behind a gated one keeps its place in the order.
+    gated = engine.allreduce_async(np.ones(4, np.float32), gated=True)
+    behind = engine.allreduce_async(np.ones(4, np.float32))
+    assert not gated.done() and not behind.done()
+    gated.open_gate()
+    behind.wait(timeout=10)
+    assert gated.done()
+
+
 def test_handle_and_negative_timeout(engine) -> None:
     t = torch.ones(100)
     h = engine.allreduce_async(t)
