@@ -44,15 +44,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 # (warm-up, timed) steps per configuration and round. A round starts on an idle comm
-# thread, so K = 2 reaches its steady state at the third step: the second one's
-# allreduce ran ahead during the first (the whole first backward with overlap), and
-# with one warm-up step the CNN's timed pairs alternated fast and slow (300 Mbit/s,
-# quant8, L = 10: 114-150 then 155-237 ms, their median below what the link can carry).
+# thread, and K = 2 runs fast until its allreduces queue up to the steady state: the
+# CNN's Pipe-SGD+Q at 300 Mbit/s, p = 4, 1 MB buckets (L = 10), step by step, took
+# 146 273 191 196 191 200 ... ms sequential and 156 160 163 150 196 199 ... ms
+# overlapped (the first backward's buckets leave during it), so the overlapped one needs
+# four warm-up steps; with two its median read 8 % below its steady 190-200 ms.
 # Models of a few ms per iteration take the MLP's; of a hundred ms or more, the CNN's.
-STEPS = {"mlp": (2, 10), "cnn": (2, 2)}
+STEPS = {"mlp": (2, 10), "cnn": (4, 2)}
 # Enough rounds that configurations the model calls equal (one bucket either way) are
 # not told apart by noise alone: MLP iterations are a few ms on a 2-core VM.
-ROUNDS = {"mlp": 12, "cnn": 6}
+ROUNDS = {"mlp": 12, "cnn": 5}
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
 BATCH = {"mlp": 64, "cnn": 32}

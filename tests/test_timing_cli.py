@@ -2,9 +2,11 @@
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import sys
 
+import pytest
 from mpirun import ROOT, run_mpi
 
 from pipesgd.timing import Profile
@@ -92,3 +94,21 @@ def test_the_network_table_flags_a_noisy_figure():
     line = next(x for x in format_network(noisy).splitlines() if "noisy" in x)
     assert "beta 35%" in line and "alpha" not in line and "burst" not in line
     assert "--repeats" in line
+    waits = dataclasses.replace(net, spread={"beta": 0.1, "load_latency": 1.4})
+    line = next(x for x in format_network(waits).splitlines() if "noisy" in x)
+    assert "load_latency 140%" in line and "beta" not in line
+
+
+def test_load_latency_and_its_spread_from_paired_repetitions():
+    """λ_load is the median over ranks of each rank's median extra, per ring step; the
+    spread is the pairs' interquartile range over that extra."""
+    from pipesgd.timing.network import load_latency_from
+
+    idle = [[1e-3] * 8, [2e-3] * 8]
+    loaded = [[5e-3] * 8, [4e-3] * 8]  # extras 4 and 2 ms: median 3 ms over 2 steps
+    lam, spread = load_latency_from(idle, loaded, steps=2)
+    assert lam == pytest.approx(1.5e-3)
+    q = statistics.quantiles([4e-3] * 8 + [2e-3] * 8, n=4)
+    assert spread == pytest.approx((q[2] - q[0]) / 3e-3)
+    # a rank that ran faster beside spinning ranks: no wait, and nothing to lean on
+    assert load_latency_from([[2e-3] * 8], [[1e-3] * 8], steps=2) == (0.0, 0.0)

@@ -45,7 +45,7 @@ Extensions (`ring_allreduce_cost`, `predict`):
   iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks left the
   allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
   without it, in every compression mode). Two ranks on two cores leave a core free, and
-  D-Sync charged λ_load there ran high (BENCHMARKS.md, timing model).
+  D-Sync charged λ_load there ran high (docs/timing_model.md).
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
@@ -227,7 +227,7 @@ def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> floa
     those C seconds cost it C D / (W + D) of delay; the rest runs unloaded. (Spreading D
     over the loaded time W' instead charged Pipe-SGD+Q up to 37 % over its measured
     iteration; synthetic iterations of compute beside quant8, trunc16 and plain
-    allreduces follow this form: `bench/core_wait.py`, BENCHMARKS.md.)"""
+    allreduces follow this form: `bench/core_wait.py`; docs/timing_model.md.)"""
     if delay_s <= 0 or comm_s <= 0:
         return comm_s
     return comm_s + delay_s * min(1.0, compute_s / (comm_s + delay_s))

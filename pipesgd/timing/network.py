@@ -77,8 +77,9 @@ class KernelCosts:
 
 # The network's own figures, whose spread moves every prediction of communication: in
 # 34 measured networks β's spread stayed under 16 %, except once at 35 %, a third below
-# the rate training then ran at (4 ranks on 2 cores, links without a token bucket).
-_NETWORK_FIGURES = ("alpha", "beta", "burst")
+# the rate training then ran at (4 ranks on 2 cores, links without a token bucket). The
+# wait for a core (`load_latency`) moves every prediction on shared cores.
+_NETWORK_FIGURES = ("alpha", "beta", "burst", "load_latency")
 NOISY_SPREAD = 0.25
 
 
@@ -176,8 +177,8 @@ class NetworkParams:
             costs.check(mode)
 
     def noisy(self) -> str:
-        """A warning naming the network's own figures (α, β, burst) whose repetitions
-        spread by more than `NOISY_SPREAD`, or "" when none did."""
+        """A warning naming the network's own figures (α, β, burst, load latency) whose
+        repetitions spread by more than `NOISY_SPREAD`, or "" when none did."""
         figures = [f"{k} {v:.0%}" for k, v in self.spread.items()
                    if k in _NETWORK_FIGURES and v > NOISY_SPREAD]
         if not figures:
@@ -653,12 +654,14 @@ def _engine_steal_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], 
     return _per_wire_byte(steal, sizes, comm.Get_size(), gamma)
 
 
-def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 4096) -> float:
-    """Extra seconds per ring step of an engine allreduce while every rank computes.
+def _engine_load_latency(comm: Any, engine: Any, repeats: int,
+                         nbytes: int = 4096) -> tuple[float, float]:
+    """Extra seconds per ring step of an engine allreduce while every rank computes, and
+    its spread (collective).
 
     A small allreduce is all latency: timed alone and with every rank spinning a compute
     unit beside it, the difference over its 2(p-1) steps is how long a step waits for
-    its comm thread to get a core (collective).
+    its comm thread to get a core (`load_latency_from`).
     """
     import numpy as np
 
@@ -677,26 +680,45 @@ def _engine_load_latency(comm: Any, engine: Any, repeats: int, nbytes: int = 409
         while not handle.done():
             spinner.unit()
         loaded.append(time.perf_counter() - start)
-    extra = statistics.median(loaded) - statistics.median(idle)
-    steps = 2 * (comm.Get_size() - 1)
-    return max(0.0, float(statistics.median(comm.allgather(extra)))) / steps
+    every = comm.allgather((idle, loaded))
+    return load_latency_from([i for i, _ in every], [lo for _, lo in every],
+                             2 * (comm.Get_size() - 1))
+
+
+def load_latency_from(idle: list[list[float]], loaded: list[list[float]],
+                      steps: int) -> tuple[float, float]:
+    """(λ_load, spread) from each rank's allreduce times alone (`idle[rank]`) and beside
+    spinning ranks (`loaded[rank]`), paired by repetition: λ_load is the median over the
+    ranks of their median difference, per step; the spread is the interquartile range of
+    every pair's difference over that median difference (0 where it is 0: nothing to
+    lean on). The ranks wake from their barriers at different moments, so the pairs
+    spread widely (167-1779 µs per step in one launch at p = 2)."""
+    extra = float(statistics.median(statistics.median(lo) - statistics.median(i)
+                                    for i, lo in zip(idle, loaded, strict=True)))
+    pairs = [b - a for i, lo in zip(idle, loaded, strict=True)
+             for a, b in zip(i, lo, strict=True)]
+    spread = 0.0
+    if extra > 0 and len(pairs) >= 4:
+        q = statistics.quantiles(pairs, n=4)
+        spread = (q[2] - q[0]) / extra
+    return max(0.0, extra) / steps, spread
 
 
 def _engine_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int, gamma: float,
-                  ranks_on_node: int) -> tuple[float, float]:
-    """(β_cpu, load latency), both measured on `engine` (collective).
+                  ranks_on_node: int) -> tuple[float, float, float]:
+    """(β_cpu, load latency, its spread), measured on `engine` (collective).
 
     β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
     outnumber the cores, what communication takes from compute, if that is more. Load
     latency (`_engine_load_latency`): only where cores are shared, else 0."""
-    load_latency = 0.0
+    load_latency = load_spread = 0.0
     beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
     cores = _default_cores()
     if 2 * ranks_on_node > cores:
         beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
             comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
-        load_latency = _engine_load_latency(comm, engine, 4 * repeats)
-    return float(statistics.median(comm.allgather(beta_cpu))), load_latency
+        load_latency, load_spread = _engine_load_latency(comm, engine, 4 * repeats)
+    return float(statistics.median(comm.allgather(beta_cpu))), load_latency, load_spread
 
 
 def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> None:
@@ -888,8 +910,8 @@ def measure_network(
                                                      oversubscribed)
             burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
                                                     oversubscribed, peer)
-            beta_cpu, load_latency = _engine_costs(comm, engine, large_bytes, min(repeats, 5),
-                                                   gamma, max_on_node)
+            beta_cpu, load_latency, spread["load_latency"] = _engine_costs(
+                comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
     finally:
         if engine is not None:
