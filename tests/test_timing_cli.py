@@ -112,3 +112,13 @@ def test_load_latency_and_its_spread_from_paired_repetitions():
     assert spread == pytest.approx((q[2] - q[0]) / 3e-3)
     # a rank that ran faster beside spinning ranks: no wait, and nothing to lean on
     assert load_latency_from([[2e-3] * 8], [[1e-3] * 8], steps=2) == (0.0, 0.0)
+
+
+def test_a_figures_spread_is_its_interquartile_range_over_its_median():
+    from pipesgd.timing.spread import median_spread
+
+    samples = [1.0, 2.0, 3.0, 4.0, 100.0]
+    q = statistics.quantiles(samples, n=4)
+    assert median_spread(samples) == (3.0, pytest.approx((q[2] - q[0]) / 3.0))
+    assert median_spread([1.0, 2.0, 3.0]) == (2.0, 0.0)  # too few to judge
+    assert median_spread([0.0] * 5) == (0.0, 0.0)

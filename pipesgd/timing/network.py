@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipesgd.polling import idle_barrier
+from pipesgd.timing.spread import interquartile_range, median_spread
 
 if TYPE_CHECKING:
     from pipesgd.timing.topology import Topology
@@ -230,14 +231,6 @@ class NetworkParams:
 # Measurement
 
 
-def _median_spread(samples: list[float]) -> tuple[float, float]:
-    med = statistics.median(samples)
-    if len(samples) < 4 or med == 0:
-        return med, 0.0
-    q = statistics.quantiles(samples, n=4)
-    return med, (q[2] - q[0]) / med
-
-
 def _time_each(call: Callable[[], None], repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -272,7 +265,7 @@ def measure_kernels(
 
     def per_byte(name: str, call: Callable[[], None]) -> float:
         call()  # warm-up: page faults, first-touch
-        med, sp = _median_spread(_time_each(call, repeats))
+        med, sp = median_spread(_time_each(call, repeats))
         spread[name] = sp
         return med / (4 * n)
 
@@ -471,7 +464,7 @@ def _measure_burst(comm: Any, beta: float, repeats: int, segment: int,
             # ranks leave the idle barrier up to a poll apart; start the transfer together
             comm.Barrier()
             samples.append(_ping_pong(comm, buf, ack, segment, polite, peer))
-        took, spread = _median_spread(comm.bcast(samples, root=0))
+        took, spread = median_spread(comm.bcast(samples, root=0))
         return took
 
     sizes, times = _burst_sweep(time_transfer, beta)
@@ -492,7 +485,7 @@ def _measure_alpha(comm: Any, small_bytes: int, repeats: int, peer: int) -> tupl
         round_trip = _ping_pong(comm, buf, buf, peer=peer)
         if i >= 20:
             samples.append(round_trip / 2)
-    return _median_spread(comm.bcast(samples, root=0))
+    return median_spread(comm.bcast(samples, root=0))
 
 
 _EAGER_TAG = 7301
@@ -697,10 +690,7 @@ def load_latency_from(idle: list[list[float]], loaded: list[list[float]],
                                     for i, lo in zip(idle, loaded, strict=True)))
     pairs = [b - a for i, lo in zip(idle, loaded, strict=True)
              for a, b in zip(i, lo, strict=True)]
-    spread = 0.0
-    if extra > 0 and len(pairs) >= 4:
-        q = statistics.quantiles(pairs, n=4)
-        spread = (q[2] - q[0]) / extra
+    spread = interquartile_range(pairs) / extra if extra > 0 and len(pairs) >= 4 else 0.0
     return max(0.0, extra) / steps, spread
 
 
@@ -760,8 +750,8 @@ def _measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
         step = functools.partial(_ring_step, comm, send, recv, segment, polite)
         step_times[m] = _slowest_seconds(comm, step, repeats, warmups=3)
     small, large = sizes
-    t_small, _ = _median_spread(step_times[small])
-    t_large, spread = _median_spread(step_times[large])
+    t_small, _ = median_spread(step_times[small])
+    t_large, spread = median_spread(step_times[large])
     return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
@@ -781,7 +771,7 @@ def _measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: 
         buf = np.ones(n // 4, dtype=np.float32)
         run = functools.partial(engine.allreduce, buf, op="average")
         walls = _slowest_seconds(comm, run, repeats, warmups=1)
-        medians[n], spread = _median_spread(walls)
+        medians[n], spread = median_spread(walls)
     return max(_per_wire_byte(medians, n_sizes, p, gamma), 1e-15), spread
 
 

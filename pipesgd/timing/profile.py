@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipesgd.timing.spread import median_spread
+
 
 @dataclass
 class Profile:
@@ -105,14 +107,6 @@ class Profile:
     def load(cls, path: str | Path) -> Profile:
         data = json.loads(Path(path).read_text())
         return cls.from_dict(data.get("profile", data))
-
-
-def _median_spread(samples: list[float]) -> tuple[float, float]:
-    med = statistics.median(samples)
-    if len(samples) < 4 or med == 0:
-        return med, 0.0
-    q = statistics.quantiles(samples, n=4)
-    return med, (q[2] - q[0]) / med
 
 
 def times_cpu_work(on_gpu: bool) -> bool:
@@ -203,9 +197,9 @@ def profile(
     finally:
         for h in hooks:
             h.remove()
-    forward_s, fwd_spread = _median_spread(fwd)
-    backward_s, bwd_spread = _median_spread(bwd)
-    update_s, upd_spread = _median_spread(upd)
+    forward_s, fwd_spread = median_spread(fwd)
+    backward_s, bwd_spread = median_spread(bwd)
+    update_s, upd_spread = median_spread(upd)
     # Ready fractions: per parameter (same order every iteration), median over repeats.
     gradient_ready = [
         (float(readies[0][j][0]), statistics.median(r[j][1] for r in readies))
