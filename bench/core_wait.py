@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,19 +81,15 @@ def worker(nbytes: int, out: str) -> None:
             handle.wait()
         return (time.perf_counter() - start) / 8
 
-    def iterations(buf, compression: str, units: int, mode: str, asleep_s: float = 0.0
-                   ) -> float:
-        """Median seconds per iteration: `units` of compute (or, for "d-sync asleep",
-        `asleep_s` of sleep) and the allreduce as `mode` says."""
+    def iterations(buf, compression: str, work, overlapped: bool) -> float:
+        """Median seconds per iteration: `work()` (compute, or a sleep), then the
+        allreduce, waited for at once (D-Sync) or one iteration later (Pipe-SGD)."""
         idle_barrier(comm)
         times, previous = [], None
         for _ in range(ITERATIONS):
             start = time.perf_counter()
-            if mode == "d-sync asleep":
-                time.sleep(asleep_s)
-            else:
-                spin(units)
-            if mode == "pipe-sgd":
+            work()
+            if overlapped:
                 handle = engine.allreduce_async(buf, compression=compression)
                 if previous is not None:
                     previous.wait()
@@ -122,13 +119,14 @@ def worker(nbytes: int, out: str) -> None:
             for _ in range(10):
                 spin(units)
             compute = agreed([(time.perf_counter() - start) / 10])
+            computing, sleeping = partial(spin, units), partial(time.sleep, compute)
             records.append({
                 "compression": compression, "W_s": alone, "D_s": max(0.0, loaded - alone),
                 "C_s": compute,
-                "pipe_sgd_s": iterations(buf, compression, units, "pipe-sgd"),
-                "d_sync_s": iterations(buf, compression, units, "d-sync"),
-                "d_sync_sleeping_s": iterations(buf, compression, 0, "d-sync asleep",
-                                                asleep_s=compute),
+                "pipe_sgd_s": iterations(buf, compression, computing, overlapped=True),
+                "d_sync_s": iterations(buf, compression, computing, overlapped=False),
+                "d_sync_sleeping_s": iterations(buf, compression, sleeping,
+                                                overlapped=False),
             })
     engine.shutdown()
     if comm.Get_rank() == 0:
