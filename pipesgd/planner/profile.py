@@ -393,10 +393,9 @@ def cold_cache_s_per_byte(model: Any, sample_input: Any, loss_fn: Callable[[Any]
     EPYC VM, and 0.75, 1.08 and 0.30 ms after sleeping 1 ms with nothing else running.
     0 for a model on a GPU (its actions do not read through the host's caches) and for
     one without parameters. Up to `repeats` pairs, fewer (at least 5) where they would
-    take longer than `budget_s`: a large model's passes cost seconds, and its weights' few
-    bytes per second of compute make the figure small anyway (the CNN's 0.004-0.014 ns
-    per byte against the MLP's 0.04-0.25). Changes `model`'s weights (one SGD step per
-    repeat)."""
+    take longer than `budget_s`: a large model's passes cost seconds, and its few weight
+    bytes per second of compute make the figure small anyway (BENCHMARKS.md, "Planner:
+    predicted against measured"). Changes `model`'s weights (one SGD step per repeat)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
