@@ -388,14 +388,13 @@ def cold_cache_s_per_byte(model: Any, sample_input: Any, loss_fn: Callable[[Any]
     may resume on another core. Each action is timed in thread CPU time straight after
     the one before it (warm) and after streaming a buffer twice the size of the
     last-level cache (cold); the result is the median over the three actions of the
-    median difference, over the weights' bytes. The MLP (1.15 MB of weights, micro-batch
-    64) took 0.62, 0.96 and 0.21 ms warm and 0.87, 1.24 and 0.50 ms cold on a 2-core AMD
-    EPYC VM, and 0.75, 1.08 and 0.30 ms after sleeping 1 ms with nothing else running.
+    median difference, over the weights' bytes (the MLP's and the CNN's figures, warm,
+    evicted and after a sleep: BENCHMARKS.md, "Planner: predicted against measured").
     0 for a model on a GPU (its actions do not read through the host's caches) and for
     one without parameters. Up to `repeats` pairs, fewer (at least 5) where they would
     take longer than `budget_s`: a large model's passes cost seconds, and its few weight
-    bytes per second of compute make the figure small anyway (BENCHMARKS.md, "Planner:
-    predicted against measured"). Changes `model`'s weights (one SGD step per repeat)."""
+    bytes per second of compute make the figure small anyway. Changes `model`'s weights
+    (one SGD step per repeat)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
