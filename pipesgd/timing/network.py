@@ -804,7 +804,9 @@ def measure_network(
     * burst: transfers of doubling size from rank 0 to α's peer, each after an idle
       spell long enough to refill a bucket that large, until the saving stops growing;
       the token bucket that explains their times (`_measure_burst`, `fit_token_bucket`);
-      0 unless it clearly saves time.
+      0 unless it clearly saves time. Only between nodes: ranks on one node share no
+      shaped link, and there the caches' sizes bend the times like a bucket would (a 2-core
+      host once read a 216 KiB "bucket" between two ranks on shared memory).
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
@@ -898,8 +900,9 @@ def measure_network(
             else:
                 beta, spread["beta"] = _measure_beta(comm, large_bytes, repeats, segment,
                                                      oversubscribed)
-            burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3), segment,
-                                                    oversubscribed, peer)
+            if spans_nodes:  # a token bucket shapes a network link, never shared memory
+                burst, spread["burst"] = _measure_burst(comm, beta, max(5, repeats // 3),
+                                                        segment, oversubscribed, peer)
             beta_cpu, load_latency, spread["load_latency"] = _engine_costs(
                 comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)

@@ -24,7 +24,7 @@ if size > 1:
     assert 0 < net.alpha_s < 0.05, f"alpha {net.alpha_s} s"
     assert 0 < net.sync_s < 0.05, f"S {net.sync_s} s"
     assert 0 <= net.beta_cpu_s_per_byte <= net.beta_s_per_byte
-    # shared memory has no token bucket (netem runs check the burst in test_netem.py)
+    # one node: no shaped link, so no bucket is looked for (test_netem.py checks buckets)
     assert net.burst_bytes == 0.0, net.burst_bytes
 # every rank reports the same alpha (broadcast) and kernel medians (allgathered)
 everyone = comm.allgather((net.alpha_s, net.gamma_s_per_byte))
