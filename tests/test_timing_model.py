@@ -1,6 +1,7 @@
 """The timing model: each equation against hand-computed values, edge cases, `choose`."""
 
 import math
+import time
 
 import pytest
 from fakes import KERNELS, Asleep
@@ -497,3 +498,32 @@ def test_profile_counts_cpu_time_on_one_thread_and_wall_time_on_more(threads):
         pr = profile(model, batch, torch.optim.SGD(model.parameters(), lr=0.1), repeats=4)
     assert pr.backward_s > 0
     assert (pr.forward_s < 2e-3) if threads == 1 else (pr.forward_s >= 5e-3)
+
+
+def test_profile_keeps_gradients_in_place_and_times_their_zeroing():
+    # As a run trains: `DistributedOptimizer` lends bucket views as `.grad`, zeroes them in
+    # place and the backward adds into them, so the profile must neither make fresh
+    # gradients (cheaper than training's) nor leave the zeroing out of the forward.
+    import torch
+    from torch import nn
+
+    from pipesgd.device import torch_threads
+    from pipesgd.timing import profile
+
+    class SlowZero(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            end = time.thread_time() + 5e-3  # CPU work: counted on one torch thread
+            while time.thread_time() < end:
+                pass
+            super().zero_grad(set_to_none=set_to_none)
+
+    model = nn.Linear(4, 2)
+    lent = [torch.zeros_like(p) for p in model.parameters()]
+    for p, g in zip(model.parameters(), lent, strict=True):
+        p.grad = g
+    batch = (torch.randn(3, 4), torch.tensor([0, 1, 1]))
+    with torch_threads(1):
+        pr = profile(model, batch, SlowZero(model.parameters(), lr=0.1), repeats=3)
+    assert pr.forward_s >= 5e-3
+    assert all(p.grad is g for p, g in zip(model.parameters(), lent, strict=True))
+    assert any(g.abs().sum() > 0 for g in lent)  # the backward wrote into them
