@@ -64,6 +64,7 @@ bench: build
 	$(PY) bench/allreduce.py --launches 20 --np 2 || fail=1; \
 	$(PY) bench/allreduce.py --launches 10 --np 4 || fail=1; \
 	$(PY) bench/kernels.py || fail=1; \
+	$(PY) bench/profile_fidelity.py || fail=1; \
 	$(MPIRUN) -n 2 $(PY) bench/train.py || fail=1; \
 	$(MPIRUN) -n 2 $(PY) bench/pipeline.py --micro-batches 48 || fail=1; \
 	exit $$fail
