@@ -25,51 +25,55 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table, write_json
 
 TARGET = 0.10
-LOOP_STEPS, LOOP_WARMUP = 60, 10
+LOOP_PASSES, LOOP_WARMUP = 50, 10
 
 
-def fresh_gradient_profile(model, optimizer, x, y, repeats: int = 10,
-                           warmup: int = 3) -> tuple[float, float]:
-    """The replaced form: (forward + backward, update) with gradients made anew."""
-    import torch.nn.functional as F
-
-    fb, up = [], []
-    for i in range(warmup + repeats):
-        optimizer.zero_grad(set_to_none=True)
+def two_phases(setup: Callable[[], object], first: Callable[[], object],
+               second: Callable[[], object], passes: int,
+               warmup: int) -> tuple[float, float]:
+    """Medians of `first` and `second` in thread CPU time, over `passes` after `warmup`;
+    `setup` runs untimed before each pass."""
+    a, b = [], []
+    for i in range(warmup + passes):
+        setup()
         t0 = time.thread_time()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        first()
         t1 = time.thread_time()
-        optimizer.step()
+        second()
         t2 = time.thread_time()
         if i >= warmup:
-            fb.append(t1 - t0)
-            up.append(t2 - t1)
-    return statistics.median(fb), statistics.median(up)
+            a.append(t1 - t0)
+            b.append(t2 - t1)
+    return statistics.median(a), statistics.median(b)
+
+
+def fresh_gradient_profile(model, optimizer, x, y) -> tuple[float, float]:
+    """The replaced form: (forward + backward, update) with gradients made anew, as
+    `profile()` takes them (10 passes after 3)."""
+    import torch.nn.functional as F
+
+    return two_phases(lambda: optimizer.zero_grad(set_to_none=True),
+                      lambda: F.cross_entropy(model(x), y).backward(), optimizer.step,
+                      passes=10, warmup=3)
 
 
 def training_loop(module, sync, x, y) -> tuple[float, float]:
-    """The run's own iteration on one rank: (compute, step), medians in thread CPU time."""
+    """The run's own iteration on one rank: (zero_grad to the end of the backward, step)."""
     import torch.nn.functional as F
 
-    compute, step = [], []
-    for i in range(LOOP_STEPS):
-        t0 = time.thread_time()
+    def compute() -> None:
         sync.zero_grad()
         F.cross_entropy(module(x), y).backward()
-        t1 = time.thread_time()
-        sync.step()
-        t2 = time.thread_time()
-        if i >= LOOP_WARMUP:
-            compute.append(t1 - t0)
-            step.append(t2 - t1)
-    return statistics.median(compute), statistics.median(step)
+
+    return two_phases(lambda: None, compute, sync.step, passes=LOOP_PASSES,
+                      warmup=LOOP_WARMUP)
 
 
 def measure(model_name: str, batch_size: int, rounds: int) -> dict:

@@ -184,8 +184,8 @@ def profile(
             ready.clear()
             t0 = now()
             # As a run does it: the gradients are zeroed in place and the backward adds
-            # into them (`DistributedOptimizer` lends views of its buckets as `.grad`).
-            # Fresh gradients each time cost the MLP's backward 15 % less than training's.
+            # into them (`DistributedOptimizer` lends views of its buckets as `.grad`);
+            # fresh ones cost less (BENCHMARKS.md, "Profile against the training loop").
             optimizer.zero_grad(set_to_none=False)
             loss = loss_fn(model(inputs), targets)
             t1 = now()
