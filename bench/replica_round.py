@@ -24,7 +24,6 @@ import argparse
 import resource
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +48,14 @@ def run_plan(comm: Any, spec: Any, plan: Any, data: Any, micro_batches: int) -> 
     """One epoch of `plan` after a warm-up: this rank's CPU per round by action kind, its
     main thread's and its process's CPU per round, the epoch's wall time and rounds."""
     from pipesgd.pipeline import Pipeline
+    from pipesgd.pipeline.runtime import time_actions_in_cpu
 
     pipe = Pipeline(spec, plan, comm, lr=0.01, seed=0)
-    spent: dict[str, float] = defaultdict(float)
-
-    def timed(kind: str, handler: Any) -> Any:
-        def run(action: Any) -> None:
-            start = time.thread_time()
-            handler(action)
-            spent[kind] += time.thread_time() - start
-        return run
-
-    pipe._handlers = {k: timed(k, h) if k in KINDS else h for k, h in pipe._handlers.items()}
+    spent = dict.fromkeys(KINDS, 0.0)
+    time_actions_in_cpu(pipe, spent)
     try:
         pipe.train_epoch(data, 0, max_micro_batches=2 * plan.world_size)
-        spent.clear()
+        spent.update(dict.fromkeys(KINDS, 0.0))
         pipe.timeline.clear()
         comm.Barrier()
         wall0, main0, proc0 = time.perf_counter(), time.thread_time(), process_cpu_s()

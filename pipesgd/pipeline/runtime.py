@@ -523,6 +523,19 @@ def _module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def time_actions_in_cpu(pipe: Pipeline, spent: dict[str, float]) -> None:
+    """From now on, add the thread CPU time of each of `pipe`'s actions whose kind is a key
+    of `spent` ("F", "B", "AR", "U", ...) to that key."""
+    def timed(kind: str, handler: Callable[[Action], None]) -> Callable[[Action], None]:
+        def run(a: Action) -> None:
+            start = time.thread_time()
+            handler(a)
+            spent[kind] += time.thread_time() - start
+        return run
+
+    pipe._handlers = {k: timed(k, h) if k in spent else h for k, h in pipe._handlers.items()}
+
+
 def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
                  device: torch.device | str | None = None) -> ActionTimes:
     """`model` as a one-stage pipeline on this process alone (MPI.COMM_SELF), on random
@@ -542,15 +555,7 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
     spent = {"F": 0.0, "B": 0.0, "U": 0.0}
     cpu_time = times_cpu_work(on_gpu=pipe.device.type != "cpu")
     if cpu_time:
-        def timed(kind: str, handler: Callable[[Action], None]) -> Callable[[Action], None]:
-            def run(a: Action) -> None:
-                start = time.thread_time()
-                handler(a)
-                spent[kind] += time.thread_time() - start
-            return run
-
-        pipe._handlers = {k: timed(k, h) if k in spent else h
-                          for k, h in pipe._handlers.items()}
+        time_actions_in_cpu(pipe, spent)
     try:
         pipe.train_epoch(data, 0, max_micro_batches=max(2, micro_batches // 4))
         pipe.timeline.clear()
