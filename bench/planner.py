@@ -7,8 +7,10 @@ MLP and the CNN of `pipesgd pipeline`:
 
 1. measures the job's network (`measure_network`, as `pipesgd pipeline --plan auto`
    does), runs the whole model on every rank at once (`action_times_beside_others`) and
-   profiles it layer by layer on rank 0 (`profile_layer_model`, one thread, the run's
-   micro-batch, scaled to that run) while the other ranks sleep;
+   as a replica on every rank (`replicated_round_s`), and profiles it layer by layer
+   on rank 0 (`profile_layer_model`, one thread, the run's micro-batch, scaled to that
+   run, with the replicated round's excess: `fit_replica_overhead`) while the other
+   ranks sleep;
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
    stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
    (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
@@ -144,8 +146,8 @@ def worker(args: argparse.Namespace) -> int:
     from pipesgd.pipeline import MicroBatches, models
     from pipesgd.pipeline.auto_plan import measured_topology
     from pipesgd.pipeline.data import synthetic
-    from pipesgd.pipeline.runtime import action_times_beside_others
-    from pipesgd.planner import profile_layer_model
+    from pipesgd.pipeline.runtime import action_times_beside_others, replicated_round_s
+    from pipesgd.planner import fit_replica_overhead, profile_layer_model
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD
@@ -160,10 +162,13 @@ def worker(args: argparse.Namespace) -> int:
         mb = MICRO_BATCH[name]
 
         whole = action_times_beside_others(comm, spec, mb)  # collective
+        round_s = replicated_round_s(comm, spec, mb)  # collective
 
-        def decide(spec=spec, name=name, mb=mb, whole=whole
+        def decide(spec=spec, name=name, mb=mb, whole=whole, round_s=round_s
                    ) -> tuple[list[dict], dict, dict]:
             prof = profile_layer_model(spec, name, mb, whole=whole)
+            if round_s is not None:
+                prof = fit_replica_overhead(prof, topo, round_s, size)
             kept, pick = select_plans(prof, topo, net, size, mb, args.per_shape)
             return kept, pick, prof.to_dict()
 

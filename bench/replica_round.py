@@ -8,10 +8,15 @@ The plan is the whole model as one stage with every rank a replica (1F1B-RR, the
 runtime's own data parallelism: each round every replica runs a micro-batch's forward
 and backward, copies its gradient out for the ring all-reduce, waits for it and
 steps). As `pipesgd pipeline --plan auto` does, the job measures its network, runs the
-whole model on every rank at once and profiles it layer by layer on rank 0; the
-simulator (`pipesgd.planner.simulate`) predicts the plan's samples/s. Then the plan runs
-for real with each action timed in the main thread's CPU time, and the process's CPU
-time (the comm thread's is the difference) and wall time per round.
+whole model on every rank at once, times a short run of this very plan
+(`replicated_round_s`) and profiles the model layer by layer on rank 0; the simulator
+(`pipesgd.planner.simulate`), fitted to that run (`fit_replica_overhead`; `--unfitted`:
+without it), predicts the plan's samples/s. Then the plan runs for real, longer, with
+each action timed in the main thread's CPU time, and the process's CPU time (the comm
+thread's is the difference) and wall time per round. Fitted on the plan it predicts,
+the prediction checks that a short run's round holds for a long one; `--unfitted`
+shows what the simulator leaves out of a replicated round on shared cores, and the
+table where it goes.
 
 Target: predicted samples/s within 15 % of measured (the planner benchmark's median).
 Prints a table per rank and the verdict, writes bench/results/replica_round_p{P}.json and
@@ -77,6 +82,8 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=64)
     ap.add_argument("--micro-batches", type=int, default=192,
                     help="micro-batches of the timed epoch, over all replicas")
+    ap.add_argument("--unfitted", action="store_true",
+                    help="predict without the replicated round's measured excess")
     args = ap.parse_args()
 
     import torch
@@ -86,8 +93,8 @@ def main() -> int:
     from pipesgd.pipeline import MicroBatches, Plan, StagePlan, models
     from pipesgd.pipeline.auto_plan import measured_topology
     from pipesgd.pipeline.data import synthetic
-    from pipesgd.pipeline.runtime import action_times_beside_others
-    from pipesgd.planner import profile_layer_model, simulate
+    from pipesgd.pipeline.runtime import action_times_beside_others, replicated_round_s
+    from pipesgd.planner import fit_replica_overhead, profile_layer_model, simulate
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD
@@ -101,10 +108,13 @@ def main() -> int:
     spec = models.MODELS[args.model]()
     mb = args.micro_batch
     whole = action_times_beside_others(comm, spec, mb)
+    round_s = replicated_round_s(comm, spec, mb)
     plan = Plan((StagePlan(0, spec.num_layers, size),), schedule="1f1b-rr", micro_batch=mb)
 
     def predict() -> tuple[float, dict]:
         prof = profile_layer_model(spec, args.model, mb, whole=whole)
+        if not args.unfitted:
+            prof = fit_replica_overhead(prof, topo, round_s, size)
         sim = simulate(plan, prof, topo)
         stage = sim.stages[0]
         return sim.samples_per_s, {"forward_s": stage.forward_s,
@@ -112,7 +122,9 @@ def main() -> int:
                                    "allreduce_s": stage.allreduce_s,
                                    "update_s": sum(layer.update_s for layer in prof.layers),
                                    "copy_s": sum(layer.copy_s for layer in prof.layers),
-                                   "cold_s_per_byte": prof.cold_s_per_byte}
+                                   "cold_s_per_byte": prof.cold_s_per_byte,
+                                   "replica_s_per_byte": prof.replica_s_per_byte,
+                                   "replica_round_s": round_s}
 
     predicted, charged = decided_on_root(comm, predict)
     x, y = synthetic(4096, spec.input_shape, spec.num_classes, seed=0)

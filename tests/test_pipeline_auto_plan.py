@@ -1,5 +1,6 @@
 """`pipesgd pipeline --plan auto` under real mpirun: rank 0 chooses, every rank runs it."""
 
+import dataclasses
 import json
 import re
 import sys
@@ -7,7 +8,7 @@ import sys
 from mpirun import run_mpi
 
 from pipesgd.pipeline.plan import Plan
-from pipesgd.planner import HierarchicalTopology, ModelProfile, choose
+from pipesgd.planner import HierarchicalTopology, ModelProfile, choose, fit_replica_overhead
 
 RUN = ("-m", "pipesgd.cli", "pipeline", "--model", "mlp", "--data", "digits", "--plan", "auto",
        "--epochs", "1", "--steps", "10", "--no-progress")
@@ -54,6 +55,15 @@ def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
     level, = auto["topology"]["levels"]
     assert level["count"] == 2 and level["bandwidth"] > 0
     assert auto["measured_samples_per_s"] > 0
+    # the profile carries a real round of the model replicated on both ranks, and the
+    # charge fitted to it on this topology
+    prof = ModelProfile.from_dict(auto["profile"])
+    measured = prof.extra["replica_round"]
+    assert measured["replicas"] == 2 and measured["measured_s"] > 0, measured
+    refit = fit_replica_overhead(dataclasses.replace(prof, replica_s_per_byte=0.0),
+                                 HierarchicalTopology.from_dict(auto["topology"]),
+                                 measured["measured_s"], 2)
+    assert refit.replica_s_per_byte == prof.replica_s_per_byte
 
 
 def test_no_plan_within_memory_exits_2_on_every_rank():

@@ -197,3 +197,8 @@ def test_a_middle_stage_reuses_its_freed_memory():
 def test_the_whole_models_run_beside_the_other_ranks():
     out = run_mpi(3, "action_times_beside_others.py", timeout=120).stdout
     assert "beside others on 3 ranks" in out and "mean and None OK" in out, out
+
+
+def test_a_replicated_round_costs_at_least_its_actions():
+    out = run_mpi(2, "replicated_round.py", timeout=120).stdout
+    assert "replicated round on 2 ranks" in out and "OK" in out, out

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from pipesgd.pipeline.plan import Plan, StagePlan
-from pipesgd.planner import ModelProfile, simulate, stored_activations
+from pipesgd.planner import ModelProfile, fit_replica_overhead, simulate, stored_activations
 from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
 
@@ -469,3 +469,51 @@ def test_result_describes_itself():
     data = sim.to_dict()
     assert data["samples_per_s"] == pytest.approx(4 / 3) and len(data["stages"]) == 4
     assert math.isfinite(sim.makespan_s) and sim.window_s[1] > sim.window_s[0]
+
+
+# ------------------------------------------------------------ a replica's round excess
+def _replicated_round(rate: float = 0.0):
+    """One layer (F = 1, B = 2, 1 GB of weights) on two replicas of two shared cores,
+    a wire that takes no time, 0.1 ns per byte moved and summed: each rank's share of
+    the ring is (r-1)/r x 1e9 x (2 x 0.1 + 0.1) ns = 0.15 s of CPU."""
+    prof = dataclasses.replace(chain([1.0], [2.0], weights=[1e9]), replica_s_per_byte=rate)
+    topo = HierarchicalTopology((Level(2, 1e15),), shared_cores=SharedCores(
+        2, 2, cpu_s_per_byte=1e-10, reduce_s_per_byte=1e-10))
+    plan = Plan((StagePlan(0, 1, 2),), schedule="1f1b-rr", micro_batch=4)
+    return prof, topo, plan
+
+
+def test_a_replicas_round_is_charged_its_excess_per_weight_byte():
+    # Per round each rank computes F + B, copies its gradient out with the excess
+    # (1e9 x 0.5 ns), then its comm thread runs its ring share while the main thread
+    # waits: 3 + 0.5 + 0.15 s per round of two micro-batches, on a core each.
+    prof, topo, plan = _replicated_round(rate=0.5e-9)
+    assert simulate(plan, prof, topo).time_per_micro_batch_s == pytest.approx(3.65 / 2)
+    plain = simulate(plan, _replicated_round()[0], topo)
+    assert plain.time_per_micro_batch_s == pytest.approx(3.15 / 2)
+
+
+def test_the_excess_is_fitted_to_a_measured_round():
+    prof, topo, _ = _replicated_round()
+    fitted = fit_replica_overhead(prof, topo, round_s=3.65, replicas=2)
+    assert fitted.replica_s_per_byte == pytest.approx(0.5e-9, rel=1e-6)
+    assert fitted.extra["replica_round"] == pytest.approx(
+        {"replicas": 2, "measured_s": 3.65, "simulated_without_s": 3.15})
+    # far beyond the first guess (the bracket grows), and the simulation reproduces it
+    slow = fit_replica_overhead(prof, topo, round_s=40.0, replicas=2)
+    assert slow.replica_s_per_byte == pytest.approx((40.0 - 3.15) / 1e9, rel=1e-6)
+    # a round that ran faster than its simulation: nothing to add
+    assert fit_replica_overhead(prof, topo, 3.0, 2).replica_s_per_byte == 0.0
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        fit_replica_overhead(prof, topo, 3.65, 1)
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        fit_replica_overhead(prof, topo, float("nan"), 2)
+
+
+def test_the_replica_excess_round_trips_through_json_and_is_checked():
+    prof = dataclasses.replace(chain([1.0], [2.0]), replica_s_per_byte=7e-10)
+    assert ModelProfile.from_dict(prof.to_dict()).replica_s_per_byte == 7e-10
+    older = {k: v for k, v in prof.to_dict().items() if k != "replica_s_per_byte"}
+    assert ModelProfile.from_dict(older).replica_s_per_byte == 0.0
+    with pytest.raises(ValueError, match="replica_s_per_byte"):
+        dataclasses.replace(prof, replica_s_per_byte=-1e-10)

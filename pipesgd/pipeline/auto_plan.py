@@ -135,7 +135,7 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     from pipesgd.device import run_device
     from pipesgd.polling import decided_on_root
 
-    from .runtime import action_times_beside_others
+    from .runtime import action_times_beside_others, replicated_round_s
 
     errors = (ValueError, TypeError, OSError, RuntimeError)
     try:
@@ -151,12 +151,15 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         micro = batch_sizes(args)[1]  # the same on every rank, and so is its error
         # collective: every rank runs the whole model at once, as training will
         whole = action_times_beside_others(comm, model, micro, device)
+        # and as a replica of the whole model, where ranks compute on the CPU
+        round_s = replicated_round_s(comm, model, micro) \
+            if whole is not None and device.type == "cpu" else None
     except (ValueError, RuntimeError) as err:  # raised on every rank alike
         raise AutoPlanError(str(err)) from err
     try:
         return decided_on_root(
             comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured,
-                                  device, whole), errors)
+                                  device, whole, round_s), errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
 
@@ -189,12 +192,14 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
 
 def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
             network: str, measured: Any = None, device: Any = None,
-            whole: Any = None) -> AutoPlan:
+            whole: Any = None, round_s: float | None = None) -> AutoPlan:
     """Rank 0: profile on `device` (calibrated on `whole`, the model's run beside the
-    other ranks, where measured), choose, print; the decision to broadcast."""
+    other ranks, and `round_s`, a round of it replicated on every rank, where measured),
+    choose, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, train_command
     from pipesgd.planner.profile import profile_layer_model
+    from pipesgd.planner.simulate import fit_replica_overhead
 
     batch, micro = batch_sizes(args)
     if topology is None:
@@ -203,6 +208,8 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
             f"--bandwidth {args.bandwidth} --latency {args.latency}")
     prof = profile_layer_model(model, args.model, micro, threads=1, device=device,
                                whole=whole)
+    if round_s is not None:
+        prof = fit_replica_overhead(prof, topology, round_s, workers)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)

@@ -32,7 +32,7 @@ from .evaluate import Evaluation, evaluate
 from .models import LayerModel, from_modules
 from .p2p import StageLink, TensorSpec
 from .pipemare import AsyncWeights, PipeMareOptions
-from .plan import Plan, PlanError
+from .plan import Plan, PlanError, StagePlan
 from .replicas import LocalGradients, ReplicaGradientSync, broadcast_from_first_replica
 from .schedule import Action, no_step_between_forward_and_backward
 from .stage import Stage
@@ -602,6 +602,38 @@ def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: i
         return None
     return ActionTimes(*(sum(getattr(t, f) for t in every) / len(every)
                          for f in ("forward_s", "backward_s", "update_s")))
+
+
+def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
+                       rounds: int = 24) -> float | None:
+    """Seconds one update round of `model` takes when every rank of `comm` is a replica
+    of it (the whole model as one stage, 1F1B-RR: each rank's forward, backward, the
+    gradient's ring all-reduce and the step), after a warm-up, the same on every rank;
+    None on a single rank. On the CPU with one torch thread, as the profile runs.
+
+    Ranks that share cores lose more to a replicated round than its actions and its
+    ring's bytes: the gradient's copy and the step find their data evicted after the
+    wait, the engine's thread competes for the caches, and a ring step waits for both
+    of its ranks to be on a core (`bench/replica_round.py` shows where it goes). The
+    planner charges what this run took beyond its simulation to replicated stages
+    (`planner.fit_replica_overhead`). Collective."""
+    size = comm.Get_size()
+    if size < 2:
+        return None
+    g = torch.Generator().manual_seed(0)
+    n = rounds * size * micro_batch
+    data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
+                        torch.randint(model.num_classes, (n,), generator=g), micro_batch)
+    plan = Plan((StagePlan(0, model.num_layers, size),), schedule="1f1b-rr",
+                micro_batch=micro_batch)
+    with torch_threads(1):
+        pipe = Pipeline(model, plan, comm, lr=1e-4)
+        try:
+            pipe.train_epoch(data, 0, max_micro_batches=2 * size)
+            stats = pipe.train_epoch(data, 1)
+        finally:
+            pipe.close()
+    return stats.seconds / rounds  # the slowest rank's epoch
 
 
 def runtime_overhead(device: torch.device | str | None = None) -> ActionTimes:

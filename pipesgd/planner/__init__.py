@@ -17,7 +17,8 @@ Modules: profile (LayerProfile, ModelProfile, profile, and profile_layer_model: 
 `LayerModel`'s profile scaled to a real run of it), topology (levels of components
 and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
 stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
-runtime's schedule of a plan, timed: samples/s, bubbles, peak memory), choose (PipeDream,
+runtime's schedule of a plan, timed: samples/s, bubbles, peak memory; and
+fit_replica_overhead, the charge of a replicated round fitted to a real one), choose (PipeDream,
 MadPipe or data parallelism, ranked by predicted samples/s within a memory budget), cli
 (`pipesgd plan`).
 """
@@ -33,7 +34,7 @@ from .madpipe import (
 )
 from .pipedream import LevelStage, PipeDreamResult, pipedream, to_plan
 from .profile import LayerProfile, ModelProfile, profile, profile_layer_model
-from .simulate import SimulationResult, StageReport, simulate
+from .simulate import SimulationResult, StageReport, fit_replica_overhead, simulate
 from .topology import HierarchicalTopology, Level, SharedCores, from_network, parse_bytes
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "SimulationResult",
     "StageReport",
     "choose",
+    "fit_replica_overhead",
     "from_network",
     "madpipe",
     "madpipe_dp",

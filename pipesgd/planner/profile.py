@@ -87,6 +87,10 @@ class ModelProfile:
         cold_s_per_byte: what an action costs more, per byte of its stage's weights, when
             its worker slept before it (waiting for a message or an all-reduce) and the
             caches lost its data meanwhile (`cold_cache_s_per_byte`; 0 on a GPU).
+        replica_s_per_byte: what a replica's update round costs beyond its stage's
+            actions and its ring's bytes, in CPU seconds per byte of the stage's
+            weights (fitted to a real round by `planner.fit_replica_overhead`; 0: none
+            measured).
     """
 
     layers: tuple[LayerProfile, ...]
@@ -96,6 +100,7 @@ class ModelProfile:
     stage_overhead_s: float = 0.0
     receive_delay_s: float = 0.0
     cold_s_per_byte: float = 0.0
+    replica_s_per_byte: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,7 +113,7 @@ class ModelProfile:
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
         _check_figures(self, ("loss_s", "stage_overhead_s", "receive_delay_s",
-                              "cold_s_per_byte"))
+                              "cold_s_per_byte", "replica_s_per_byte"))
 
     @classmethod
     def from_columns(
@@ -173,6 +178,7 @@ class ModelProfile:
             "stage_overhead_s": self.stage_overhead_s,
             "receive_delay_s": self.receive_delay_s,
             "cold_s_per_byte": self.cold_s_per_byte,
+            "replica_s_per_byte": self.replica_s_per_byte,
             **self.extra,
         }
 
@@ -184,7 +190,7 @@ class ModelProfile:
                 "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
             )
         known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s",
-                 "receive_delay_s", "cold_s_per_byte"}
+                 "receive_delay_s", "cold_s_per_byte", "replica_s_per_byte"}
         try:
             layers = tuple(LayerProfile(**layer) for layer in data["layers"])
         except TypeError as err:
@@ -197,6 +203,7 @@ class ModelProfile:
             stage_overhead_s=float(data.get("stage_overhead_s", 0.0)),
             receive_delay_s=float(data.get("receive_delay_s", 0.0)),
             cold_s_per_byte=float(data.get("cold_s_per_byte", 0.0)),
+            replica_s_per_byte=float(data.get("replica_s_per_byte", 0.0)),
             extra={k: v for k, v in data.items() if k not in known},
         )
 

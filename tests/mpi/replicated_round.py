@@ -1,0 +1,28 @@
+"""`replicated_round_s`: every rank a replica of the whole model; each gets the same
+seconds per update round, which cover at least the round's forward, backward and step;
+None on a single rank.
+
+Run: mpirun -n 2 python tests/mpi/replicated_round.py
+"""
+
+import torch
+from mpi4py import MPI
+
+from pipesgd.pipeline import models, runtime
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+torch.set_num_threads(1)
+model = models.mlp((64, 256, 256, 10))
+
+alone = runtime.action_times(model, 32)  # this rank's F + B + U, the model unreplicated
+round_s = runtime.replicated_round_s(comm, model, 32, rounds=16)
+every = comm.allgather(round_s)
+assert all(r == every[0] for r in every), every
+# a round is a micro-batch's forward and backward, the ring and the step
+assert round_s is not None and 0.8 * alone.total_s < round_s < 50 * alone.total_s, \
+    (round_s, alone)
+assert runtime.replicated_round_s(MPI.COMM_SELF, model, 32) is None
+if rank == 0:
+    print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms "
+          f"(F + B + U alone {alone.total_s * 1e3:.3f} ms of CPU); OK", flush=True)
