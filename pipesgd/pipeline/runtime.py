@@ -546,10 +546,7 @@ def action_times(model: LayerModel, micro_batch: int, micro_batches: int = 32,
     thread's CPU time (what the work costs, not the time it waited for a core it
     shares); else wall time (a GPU computes apart from the thread, and torch's idle
     intra-op threads spin)."""
-    g = torch.Generator().manual_seed(0)
-    n = micro_batches * micro_batch
-    data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
-                        torch.randint(model.num_classes, (n,), generator=g), micro_batch)
+    data = _random_micro_batches(model, micro_batch, micro_batches)
     pipe = Pipeline(model, Plan.even(model.num_layers, 1, micro_batch=micro_batch),
                     MPI.COMM_SELF, lr=1e-4, device=device)
     spent = {"F": 0.0, "B": 0.0, "U": 0.0}
@@ -620,10 +617,7 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     size = comm.Get_size()
     if size < 2:
         return None
-    g = torch.Generator().manual_seed(0)
-    n = rounds * size * micro_batch
-    data = MicroBatches(torch.randn(n, *model.input_shape, generator=g),
-                        torch.randint(model.num_classes, (n,), generator=g), micro_batch)
+    data = _random_micro_batches(model, micro_batch, rounds * size)
     plan = Plan((StagePlan(0, model.num_layers, size),), schedule="1f1b-rr",
                 micro_batch=micro_batch)
     with torch_threads(1):
@@ -634,6 +628,14 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
         finally:
             pipe.close()
     return stats.seconds / rounds  # the slowest rank's epoch
+
+
+def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:
+    """`count` micro-batches of random samples and labels for `model` (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    n = count * micro_batch
+    return MicroBatches(torch.randn(n, *model.input_shape, generator=g),
+                        torch.randint(model.num_classes, (n,), generator=g), micro_batch)
 
 
 def runtime_overhead(device: torch.device | str | None = None) -> ActionTimes:

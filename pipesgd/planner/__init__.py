@@ -18,9 +18,9 @@ Modules: profile (LayerProfile, ModelProfile, profile, and profile_layer_model: 
 and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
 stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
 runtime's schedule of a plan, timed: samples/s, bubbles, peak memory; and
-fit_replica_overhead, the charge of a replicated round fitted to a real one), choose (PipeDream,
-MadPipe or data parallelism, ranked by predicted samples/s within a memory budget), cli
-(`pipesgd plan`).
+fit_replica_overhead, a replicated round's charge fitted to a real one), choose
+(PipeDream, MadPipe or data parallelism, ranked by predicted samples/s within a memory
+budget), cli (`pipesgd plan`).
 """
 
 from .choose import Candidate, PlanChoice, choose

@@ -22,9 +22,9 @@ this simulation repeats in passing), one action at a time:
              (the profile's)
     AR       busy copying the gradients (`copy_s`) and for what a replicated round loses
              beyond its actions and its ring's bytes (weight bytes x the profile's
-             `replica_s_per_byte`, fitted to a real round), then free: the round's all-reduce
-             starts once every replica of the stage has reached it and the stage's
-             previous round is done (the engine runs rounds in order), and takes
+             `replica_s_per_byte`, fitted to a real round), then free: the round's
+             all-reduce starts once every replica of the stage has reached it and the
+             stage's previous round is done (the engine runs rounds in order), and takes
              2(r-1)/r W / bandwidth + 2(r-1) latency (ring) on every replica's NIC,
              after the messages already on it (and the messages sent later queue
              behind it: all-reduces and activations share the links)
@@ -529,6 +529,7 @@ def simulate(
         push(t, ("rank", rank))
 
     cpus = net.cpus()
+
     def start_job(t: float, rank: int, key: tuple, work: float) -> None:
         cpu = cpus[net.host(rank)]
         cpu.advance(t)
