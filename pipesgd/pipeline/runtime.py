@@ -602,11 +602,13 @@ def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: i
 
 
 def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
-                       rounds: int = 24) -> float | None:
+                       rounds: int = 24, budget_s: float = 2.0) -> float | None:
     """Seconds one update round of `model` takes when every rank of `comm` is a replica
     of it (the whole model as one stage, 1F1B-RR: each rank's forward, backward, the
-    gradient's ring all-reduce and the step), after a warm-up, the same on every rank;
-    None on a single rank. On the CPU with one torch thread, as the profile runs.
+    gradient's ring all-reduce and the step), the mean of `rounds` after two of
+    warm-up, fewer (at least 4) where they would take longer than `budget_s`; the same
+    on every rank, None on a single rank. On the CPU with one torch thread, as the
+    profile runs.
 
     Ranks that share cores lose more to a replicated round than its actions and its
     ring's bytes: the gradient's copy and the step find their data evicted after the
@@ -617,17 +619,19 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     size = comm.Get_size()
     if size < 2:
         return None
-    data = _random_micro_batches(model, micro_batch, rounds * size)
     plan = Plan((StagePlan(0, model.num_layers, size),), schedule="1f1b-rr",
                 micro_batch=micro_batch)
     with torch_threads(1):
         pipe = Pipeline(model, plan, comm, lr=1e-4)
         try:
-            pipe.train_epoch(data, 0, max_micro_batches=2 * size)
+            # epochs' seconds are the slowest rank's, so every rank picks the same count
+            warm = pipe.train_epoch(_random_micro_batches(model, micro_batch, 2 * size), 0)
+            rounds = max(4, min(rounds, int(budget_s / max(warm.seconds / 2, 1e-9))))
+            data = _random_micro_batches(model, micro_batch, rounds * size)
             stats = pipe.train_epoch(data, 1)
         finally:
             pipe.close()
-    return stats.seconds / rounds  # the slowest rank's epoch
+    return stats.seconds / rounds
 
 
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:

@@ -1,6 +1,6 @@
 """`replicated_round_s`: every rank a replica of the whole model; each gets the same
 seconds per update round, which cover at least the round's forward, backward and step;
-None on a single rank.
+None on a single rank; fewer rounds where they would exceed the budget.
 
 Run: mpirun -n 2 python tests/mpi/replicated_round.py
 """
@@ -23,6 +23,21 @@ assert all(r == every[0] for r in every), every
 assert round_s is not None and 0.8 * alone.total_s < round_s < 50 * alone.total_s, \
     (round_s, alone)
 assert runtime.replicated_round_s(MPI.COMM_SELF, model, 32) is None
+
+# a budget no round fits: the two warm-up rounds, then the least of 4 timed
+epochs = []
+train_epoch = runtime.Pipeline.train_epoch
+
+
+def counted(self, data, *args, **kwargs):
+    epochs.append(len(data))
+    return train_epoch(self, data, *args, **kwargs)
+
+
+runtime.Pipeline.train_epoch = counted
+assert runtime.replicated_round_s(comm, model, 32, budget_s=0.0) > 0
+assert epochs == [2 * size, 4 * size], epochs
+runtime.Pipeline.train_epoch = train_epoch
 if rank == 0:
     print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms "
           f"(F + B + U alone {alone.total_s * 1e3:.3f} ms of CPU); OK", flush=True)
