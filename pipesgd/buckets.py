@@ -145,6 +145,9 @@ class GradientBuckets:
             [torch.zeros(b.numel, dtype=b.dtype, device=device) for b in self.layout.buckets]
             for _ in range(sets)
         ]
+        # built once: slicing a view per parameter on every step costs microseconds each
+        self._views = [[self._make_views(s, b) for b in range(self.num_buckets)]
+                       for s in range(sets)]
 
     @property
     def num_buckets(self) -> int:
@@ -156,6 +159,9 @@ class GradientBuckets:
 
     def views(self, set_index: int, bucket: int) -> list[tuple[int, Tensor]]:
         """(parameter index, view of its gradient's place in the flat buffer) pairs."""
+        return self._views[set_index][bucket]
+
+    def _make_views(self, set_index: int, bucket: int) -> list[tuple[int, Tensor]]:
         flat = self.buffers[set_index][bucket]
         return [
             (s.param, flat[s.offset : s.offset + s.numel].as_strided(

@@ -60,6 +60,18 @@ def test_pack_submit_unpack_round_trip() -> None:
     engine.shutdown()
 
 
+def test_views_are_built_once_and_stay_on_the_buffer() -> None:
+    params = [torch.nn.Parameter(torch.zeros(2, 3)), torch.nn.Parameter(torch.zeros(5))]
+    buckets = GradientBuckets(params, bucket_bytes=1 << 20, sets=2)
+    for s in range(2):
+        first = buckets.views(s, 0)
+        assert buckets.views(s, 0) is first  # the step path does not slice them again
+        buckets.buffers[s][0].copy_(torch.arange(11.0) + 100 * s)
+        by_param = dict(first)
+        flat = torch.cat([by_param[i].reshape(-1) for i in sorted(by_param)])
+        assert torch.equal(torch.sort(flat).values, torch.arange(11.0) + 100 * s)
+
+
 def test_dense_strides() -> None:
     t = torch.zeros(2, 3, 4, 5)
     assert dense_strides(t) == (60, 20, 5, 1)
