@@ -235,7 +235,9 @@ class Stage:
         """Apply one averaged flat gradient with the optimizer; a new weight version."""
         if self.optimizer is not None:
             flat_grad = flat_grad.to(self.grad_sum.device)
-            for p, g in zip(self.params, self._views(flat_grad), strict=True):
+            # an unreplicated stage applies its own sum: its views exist already
+            views = self._grad_views if flat_grad is self.grad_sum else self._views(flat_grad)
+            for p, g in zip(self.params, views, strict=True):
                 p.grad = g
             scale = self.policy.lr_scale(self.stage)
             if scale != 1.0:
