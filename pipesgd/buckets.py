@@ -148,6 +148,8 @@ class GradientBuckets:
         # built once: slicing a view per parameter on every step costs microseconds each
         self._views = [[self._make_views(s, b) for b in range(self.num_buckets)]
                        for s in range(sets)]
+        # each bucket's parameter indices
+        self.bucket_params = [frozenset(s.param for s in b.slots) for b in self.layout.buckets]
 
     @property
     def num_buckets(self) -> int:

@@ -522,16 +522,18 @@ class DistributedOptimizer:
         missing = [
             i for b in range(start, self.buckets.num_buckets) for i in self.buckets.missing_grads(b)
         ]
+        lent: set[int] = set()
         if self._grad_views:
             # A view that nothing wrote since it was lent (backward never reached it) is a
             # missing gradient too.
             versions = self._lent_versions[set_index]
-            missing += [i for i in self._lent(set_index)
-                        if self.params[i].grad._version == versions[i]]
+            lent = set(self._lent(set_index))
+            missing += [i for i in sorted(lent) if self.params[i].grad._version == versions[i]]
         if missing:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
-            self.buckets.pack(set_index, bucket)
+            if not lent.issuperset(self.buckets.bucket_params[bucket]):
+                self.buckets.pack(set_index, bucket)  # some gradient is not in place
             handles[bucket] = self._submit_bucket(set_index, bucket)
         return handles
 
@@ -587,7 +589,7 @@ class DistributedOptimizer:
         return [
             i for i, (p, view) in enumerate(zip(self.params, self._grad_views[set_index],
                                                 strict=True))
-            if p.grad is not None and is_view(p.grad, view)
+            if p.grad is view or (p.grad is not None and is_view(p.grad, view))
         ]
 
     def _make_hook(self, index: int) -> Callable[[Tensor], None]:
