@@ -527,8 +527,9 @@ class DistributedOptimizer:
             # A view that nothing wrote since it was lent (backward never reached it) is a
             # missing gradient too.
             versions = self._lent_versions[set_index]
-            lent = set(self._lent(set_index))
-            missing += [i for i in sorted(lent) if self.params[i].grad._version == versions[i]]
+            in_place = self._lent(set_index)
+            missing += [i for i in in_place if self.params[i].grad._version == versions[i]]
+            lent = set(in_place)
         if missing:
             raise self._missing_error(t, missing)
         for bucket in range(start, self.buckets.num_buckets):
