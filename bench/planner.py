@@ -10,7 +10,9 @@ MLP and the CNN of `pipesgd pipeline`:
    as a replica on every rank (`replicated_round_s`), and profiles it layer by layer
    on rank 0 (`profile_layer_model`, one thread, the run's micro-batch, scaled to that
    run, with the replicated round's excess: `fit_replica_overhead`) while the other
-   ranks sleep;
+   ranks sleep; then runs the data-parallel configuration the timing model ranks
+   first on every rank for about two seconds (`data_parallel_iteration_s`) and charges
+   its excess over the prediction to every configuration (`fit_data_parallel_overhead`);
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
    stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
    (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
@@ -146,8 +148,13 @@ def worker(args: argparse.Namespace) -> int:
     from pipesgd.pipeline import MicroBatches, models
     from pipesgd.pipeline.auto_plan import measured_topology
     from pipesgd.pipeline.data import synthetic
-    from pipesgd.pipeline.runtime import action_times_beside_others, replicated_round_s
+    from pipesgd.pipeline.runtime import (
+        action_times_beside_others,
+        data_parallel_iteration_s,
+        replicated_round_s,
+    )
     from pipesgd.planner import fit_replica_overhead, profile_layer_model
+    from pipesgd.planner.choose import data_parallel_pick, fit_data_parallel_overhead
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD
@@ -164,11 +171,22 @@ def worker(args: argparse.Namespace) -> int:
         whole = action_times_beside_others(comm, spec, mb)  # collective
         round_s = replicated_round_s(comm, spec, mb)  # collective
 
-        def decide(spec=spec, name=name, mb=mb, whole=whole, round_s=round_s
-                   ) -> tuple[list[dict], dict, dict]:
+        def profiled(spec=spec, name=name, mb=mb, whole=whole, round_s=round_s
+                     ) -> tuple[Any, Any]:
             prof = profile_layer_model(spec, name, mb, whole=whole)
             if round_s is not None:
                 prof = fit_replica_overhead(prof, topo, round_s, size)
+            return prof, data_parallel_pick(prof, topo, mb, net).config
+
+        prof, config = decided_on_root(comm, profiled)
+        iteration_s = data_parallel_iteration_s(  # collective
+            comm, spec, mb, staleness=config.staleness, compression=config.compression,
+            overlap=config.overlap)
+
+        def decide(prof=prof, config=config, mb=mb, iteration_s=iteration_s
+                   ) -> tuple[list[dict], dict, dict]:
+            if iteration_s is not None:
+                prof = fit_data_parallel_overhead(prof, topo, iteration_s, config, mb, net)
             kept, pick = select_plans(prof, topo, net, size, mb, args.per_shape)
             return kept, pick, prof.to_dict()
 

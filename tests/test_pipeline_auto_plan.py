@@ -64,6 +64,11 @@ def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
                                  HierarchicalTopology.from_dict(auto["topology"]),
                                  measured["measured_s"], 2)
     assert refit.replica_s_per_byte == prof.replica_s_per_byte
+    # and a real run of the data-parallel configuration the timing model ranked first,
+    # charged where it took longer than predicted
+    run = prof.extra["data_parallel_run"]
+    assert run["measured_s"] > 0 and run["batch_size"] == auto["batch_size"], run
+    assert (prof.step_excess_s > 0) == (run["measured_s"] > run["predicted_without_s"]), run
 
 
 def test_no_plan_within_memory_exits_2_on_every_rank():

@@ -199,6 +199,7 @@ def test_the_whole_models_run_beside_the_other_ranks():
     assert "beside others on 3 ranks" in out and "mean and None OK" in out, out
 
 
-def test_a_replicated_round_costs_at_least_its_actions():
+def test_a_replicated_round_and_a_data_parallel_iteration_cost_at_least_their_actions():
     out = run_mpi(2, "replicated_round.py", timeout=120).stdout
-    assert "replicated round on 2 ranks" in out and "OK" in out, out
+    assert "replicated round on 2 ranks" in out and "data-parallel iteration" in out \
+        and "OK" in out, out

@@ -11,10 +11,13 @@ from pipesgd.planner.choose import (
     at_batch,
     data_parallel_memory,
     data_parallel_network,
+    data_parallel_pick,
     data_parallel_profile,
+    fit_data_parallel_overhead,
 )
 from pipesgd.planner.topology import HierarchicalTopology
 from pipesgd.timing import describe_cluster
+from pipesgd.timing.model import Config
 from pipesgd.timing.model import choose as choose_data_parallel
 
 MB = 1e6
@@ -80,6 +83,42 @@ def test_data_parallel_profile_sums_the_layers():
     # the end
     assert [f for _, f in dp.gradient_ready] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert data_parallel_memory(prof, 16) == pytest.approx(400 * MB + 4 * 20 * MB)
+
+
+def test_a_data_parallel_run_slower_than_predicted_charges_its_excess_to_every_config():
+    # heavy_activations at batch 8: 4 + 8 ms of compute, 4 kB of gradient. Pipe-SGD is
+    # compute-bound, so a real iteration of 15 ms leaves 3 ms per iteration unaccounted.
+    prof = heavy_activations()
+    topo = HierarchicalTopology.parse("4x[1Gbit]")
+    pipe_sgd = Config(2, "none", "sequential")
+    fitted = fit_data_parallel_overhead(prof, topo, 15e-3, pipe_sgd, 8)
+    assert fitted.step_excess_s == pytest.approx(3e-3, abs=1e-6)
+    run = fitted.extra["data_parallel_run"]
+    assert run["config"] == "Pipe-SGD" and run["measured_s"] == 15e-3
+    assert run["predicted_without_s"] == pytest.approx(12e-3, abs=1e-6)
+    assert data_parallel_profile(fitted, 8).update_s == pytest.approx(3e-3, abs=1e-6)
+    # every configuration pays it: the chooser's data-parallel rate is 32 samples / 15 ms
+    dp = by_family(choose(fitted, topo, batch_size=8))["data-parallel"]
+    assert dp.samples_per_s == pytest.approx(32 / 15e-3, rel=1e-3)
+    assert data_parallel_pick(fitted, topo, 8).predicted_s == pytest.approx(15e-3, rel=1e-3)
+    # 4 ranks on 2 cores: compute and the excess both run at half speed, so a 30 ms
+    # iteration leaves the same 3 ms of CPU work per rank
+    shared = describe_cluster("1Gbit", "1us", cores=2, ranks_per_host=4)
+    on_shared = fit_data_parallel_overhead(prof, topo, 30e-3, pipe_sgd, 8, shared)
+    assert on_shared.step_excess_s == pytest.approx(3e-3, abs=1e-5)
+    # a run faster than its prediction: nothing to add
+    assert fit_data_parallel_overhead(prof, topo, 10e-3, pipe_sgd, 8).step_excess_s == 0.0
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        fit_data_parallel_overhead(prof, topo, 0.0, pipe_sgd, 8)
+
+
+def test_the_step_excess_round_trips_through_json_and_is_checked():
+    prof = dataclasses.replace(heavy_activations(), step_excess_s=2e-3)
+    assert ModelProfile.from_dict(prof.to_dict()).step_excess_s == 2e-3
+    older = {k: v for k, v in prof.to_dict().items() if k != "step_excess_s"}
+    assert ModelProfile.from_dict(older).step_excess_s == 0.0
+    with pytest.raises(ValueError, match="step_excess_s"):
+        dataclasses.replace(prof, step_excess_s=-1e-3)
 
 
 def test_dp_network_overrides_the_topology():

@@ -135,7 +135,11 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     from pipesgd.device import run_device
     from pipesgd.polling import decided_on_root
 
-    from .runtime import action_times_beside_others, replicated_round_s
+    from .runtime import (
+        action_times_beside_others,
+        data_parallel_iteration_s,
+        replicated_round_s,
+    )
 
     errors = (ValueError, TypeError, OSError, RuntimeError)
     try:
@@ -147,19 +151,27 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     if not (args.topology or args.bandwidth):
         # collective: every rank measures
         topology, network, measured = measured_topology(comm, device)
+    workers = comm.Get_size()
     try:
-        micro = batch_sizes(args)[1]  # the same on every rank, and so is its error
+        batch, micro = batch_sizes(args)  # the same on every rank, and so is its error
         # collective: every rank runs the whole model at once, as training will
         whole = action_times_beside_others(comm, model, micro, device)
         # and as a replica of the whole model, where ranks compute on the CPU
-        round_s = replicated_round_s(comm, model, micro) \
-            if whole is not None and device.type == "cpu" else None
+        on_cpus = whole is not None and device.type == "cpu"
+        round_s = replicated_round_s(comm, model, micro) if on_cpus else None
     except (ValueError, RuntimeError) as err:  # raised on every rank alike
         raise AutoPlanError(str(err)) from err
     try:
+        prof, topology, network, config = decided_on_root(
+            comm, lambda: _profile(args, model, workers, topology, network, measured,
+                                   device, whole, round_s), errors)
+        # collective: the data-parallel configuration the timing model ranks first, run
+        iteration_s = data_parallel_iteration_s(
+            comm, model, batch, staleness=config.staleness, compression=config.compression,
+            overlap=config.overlap) if on_cpus else None
         return decided_on_root(
-            comm, lambda: _choose(args, model, comm.Get_size(), topology, network, measured,
-                                  device, whole, round_s), errors)
+            comm, lambda: _choose(args, prof, workers, topology, network, measured,
+                                  config, iteration_s), errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
 
@@ -190,14 +202,14 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
     return topo
 
 
-def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
-            network: str, measured: Any = None, device: Any = None,
-            whole: Any = None, round_s: float | None = None) -> AutoPlan:
-    """Rank 0: profile on `device` (calibrated on `whole`, the model's run beside the
-    other ranks, and `round_s`, a round of it replicated on every rank, where measured),
-    choose, print; the decision to broadcast."""
-    from pipesgd.planner.choose import choose
-    from pipesgd.planner.cli import print_choice, train_command
+def _profile(args: argparse.Namespace, model: Any, workers: int, topology: Any,
+             network: str, measured: Any, device: Any, whole: Any,
+             round_s: float | None) -> tuple[Any, Any, str, Any]:
+    """Rank 0: the model's profile on `device` (calibrated on `whole`, the model's run
+    beside the other ranks, and `round_s`, a round of it replicated on every rank, where
+    measured), the topology, its description, and the data-parallel configuration the
+    timing model ranks first (to be run)."""
+    from pipesgd.planner.choose import data_parallel_pick
     from pipesgd.planner.profile import profile_layer_model
     from pipesgd.planner.simulate import fit_replica_overhead
 
@@ -210,6 +222,23 @@ def _choose(args: argparse.Namespace, model: Any, workers: int, topology: Any,
                                whole=whole)
     if round_s is not None:
         prof = fit_replica_overhead(prof, topology, round_s, workers)
+    return prof, topology, network, data_parallel_pick(prof, topology, batch,
+                                                       measured).config
+
+
+def _choose(args: argparse.Namespace, prof: Any, workers: int, topology: Any,
+            network: str, measured: Any, config: Any,
+            iteration_s: float | None) -> AutoPlan:
+    """Rank 0: the profile charged what `iteration_s`, a real run of the data-parallel
+    `config`, took beyond its prediction (where measured), choose, print; the decision
+    to broadcast."""
+    from pipesgd.planner.choose import choose, fit_data_parallel_overhead
+    from pipesgd.planner.cli import print_choice, train_command
+
+    batch, micro = batch_sizes(args)
+    if iteration_s is not None:
+        prof = fit_data_parallel_overhead(prof, topology, iteration_s, config, batch,
+                                          measured)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)

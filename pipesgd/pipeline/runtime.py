@@ -634,6 +634,50 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     return stats.seconds / rounds
 
 
+def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
+                              staleness: int = 2, compression: str = "none",
+                              overlap: str = "sequential", steps: int = 24,
+                              budget_s: float = 2.0) -> float | None:
+    """Seconds one iteration of `model` takes under data parallelism on every rank of
+    `comm` (`pipesgd.DistributedOptimizer` over SGD with `staleness`, `compression` and
+    `overlap`, `batch` samples per rank): the slowest rank's mean over `steps` after
+    three of warm-up, fewer (at least 4) where they would take longer than `budget_s`;
+    the same on every rank, None on a single rank. On the CPU with one torch thread, as
+    the profile runs.
+
+    The data-parallel counterpart of `replicated_round_s`: ranks that share cores lose
+    more to an iteration than the timing model counts (the step's hand-offs, the
+    engine's thread beside the compute), and the planner charges what this run took
+    beyond its prediction to every data-parallel configuration
+    (`planner.fit_data_parallel_overhead`). Collective."""
+    from pipesgd.optim import DistributedOptimizer
+
+    if comm.Get_size() < 2:
+        return None
+    with torch_threads(1):
+        net = model.build(seed=0)
+        opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1e-4),
+                                   net.named_parameters(), staleness=staleness,
+                                   compression=compression, overlap=overlap)
+        data = _random_micro_batches(model, batch, 1)
+        x, y = data.x, data.y
+
+        def run(count: int) -> float:
+            """Seconds `count` iterations took on the slowest rank."""
+            comm.Barrier()
+            begin = time.perf_counter()
+            for _ in range(count):
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+            opt.synchronize()
+            return comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
+
+        warm = run(3)
+        steps = max(4, min(steps, int(budget_s / max(warm / 3, 1e-9))))
+        return run(steps) / steps
+
+
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:
     """`count` micro-batches of random samples and labels for `model` (seeded)."""
     g = torch.Generator().manual_seed(0)

@@ -20,10 +20,11 @@ stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (th
 runtime's schedule of a plan, timed: samples/s, bubbles, peak memory; and
 fit_replica_overhead, a replicated round's charge fitted to a real one), choose
 (PipeDream, MadPipe or data parallelism, ranked by predicted samples/s within a memory
-budget), cli (`pipesgd plan`).
+budget; and fit_data_parallel_overhead, a data-parallel iteration's charge fitted to a
+real one), cli (`pipesgd plan`).
 """
 
-from .choose import Candidate, PlanChoice, choose
+from .choose import Candidate, PlanChoice, choose, fit_data_parallel_overhead
 from .madpipe import (
     MadPipeResult,
     madpipe,
@@ -51,6 +52,7 @@ __all__ = [
     "SimulationResult",
     "StageReport",
     "choose",
+    "fit_data_parallel_overhead",
     "fit_replica_overhead",
     "from_network",
     "madpipe",

@@ -44,7 +44,7 @@ from typing import Any
 
 from pipesgd.pipeline.plan import Plan
 from pipesgd.timing.cluster import describe_cluster
-from pipesgd.timing.model import Prediction
+from pipesgd.timing.model import Config, Prediction, predict
 from pipesgd.timing.model import choose as choose_data_parallel
 from pipesgd.timing.network import NetworkParams
 from pipesgd.timing.profile import Profile
@@ -171,9 +171,10 @@ def at_batch(profile: ModelProfile, batch: int) -> ModelProfile:
 
 def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
     """The timing model's whole-model profile from the per-layer one at `batch_size`:
-    forward (with the loss), backward and optimizer steps summed, gradient bytes =
-    weight bytes, each layer's gradient ready when the backward (last layer first) has
-    passed it."""
+    forward (with the loss), backward and optimizer steps summed (with the profile's
+    `step_excess_s`, CPU work per iteration that a real run showed beyond them), gradient
+    bytes = weight bytes, each layer's gradient ready when the backward (last layer
+    first) has passed it."""
     scaled = at_batch(profile, batch_size)
     backward = sum(lp.backward_s for lp in scaled.layers)
     ready, elapsed = [], 0.0
@@ -184,7 +185,7 @@ def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
     return Profile(
         forward_s=sum(lp.forward_s for lp in scaled.layers) + scaled.loss_s,
         backward_s=backward,
-        update_s=sum(lp.update_s for lp in scaled.layers),
+        update_s=sum(lp.update_s for lp in scaled.layers) + profile.step_excess_s,
         gradient_bytes=sum(lp.param_bytes for lp in scaled.layers),
         gradient_ready=ready,
         threads=1,
@@ -208,6 +209,62 @@ def data_parallel_network(topology: HierarchicalTopology) -> NetworkParams:
     return replace(net, device_copy_s_per_byte=topology.device_copy_s_per_byte)
 
 
+def data_parallel_pick(profile: ModelProfile, topology: HierarchicalTopology,
+                       batch_size: int, network: NetworkParams | None = None) -> Prediction:
+    """The timing model's fastest data-parallel configuration on `topology`'s workers at
+    `batch_size` samples per worker (`network`: the measured one, else the topology's
+    slowest level)."""
+    net = network if network is not None else data_parallel_network(topology)
+    return choose_data_parallel(data_parallel_profile(profile, batch_size), net,
+                                topology.num_workers)[0]
+
+
+def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopology,
+                               iteration_s: float, config: Config, batch_size: int,
+                               network: NetworkParams | None = None) -> ModelProfile:
+    """`profile` with the `step_excess_s` that makes the timing model predict `config` on
+    `topology`'s workers (`batch_size` samples each) as a real run of it took
+    (`iteration_s`: `pipeline.runtime.data_parallel_iteration_s`); 0 where the
+    prediction is that slow already. The measured and predicted iterations go in
+    `extra["data_parallel_run"]`.
+
+    On shared cores an iteration of `DistributedOptimizer` costs each rank more CPU than
+    its profiled forward, backward and update and its ring's modelled work: the step
+    hands buckets to the engine and back, its thread competes for the cores and the
+    caches. Charged as CPU work per iteration, it carries over to the other
+    configurations, which run the same step (`bench/planner.py`).
+
+    Raises:
+        ValueError: an iteration that is not a positive time.
+    """
+    if not (iteration_s > 0 and math.isfinite(iteration_s)):
+        raise ValueError(f"iteration_s must be a positive number of seconds, got "
+                         f"{iteration_s!r}")
+    net = network if network is not None else data_parallel_network(topology)
+
+    def predicted(excess: float) -> float:
+        prof = data_parallel_profile(replace(profile, step_excess_s=excess), batch_size)
+        return predict(prof, net, topology.num_workers, config.staleness,
+                       config.compression, config.overlap).predicted_s
+
+    unfitted, excess = predicted(0.0), 0.0
+    if iteration_s > unfitted:
+        # the prediction grows with the excess: bracket it, then bisect
+        low, high = 0.0, iteration_s - unfitted
+        for _ in range(20):
+            if predicted(high) >= iteration_s:
+                break
+            low, high = high, 2 * high
+        for _ in range(30):
+            mid = (low + high) / 2
+            low, high = (mid, high) if predicted(mid) < iteration_s else (low, mid)
+        excess = high
+    return replace(profile, step_excess_s=excess, extra={
+        **profile.extra, "data_parallel_run": {
+            "config": config.label, "batch_size": batch_size, "measured_s": iteration_s,
+            "predicted_without_s": unfitted}})
+
+
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:
     """Weights + optimizer state + the whole model's saved activations for one batch."""
     k = batch_scale(profile, batch_size)
@@ -226,8 +283,7 @@ def format_bytes(n: float) -> str:
 def _data_parallel(profile: ModelProfile, topo: HierarchicalTopology, batch_size: int,
                    network: NetworkParams | None, budget: float | None) -> Candidate:
     p = topo.num_workers
-    net = network if network is not None else data_parallel_network(topo)
-    best = choose_data_parallel(data_parallel_profile(profile, batch_size), net, p)[0]
+    best = data_parallel_pick(profile, topo, batch_size, network)
     rate = p * batch_size / best.predicted_s if best.predicted_s > 0 else math.inf
     memory = data_parallel_memory(profile, batch_size)
     fits = budget is None or memory <= budget * (1 + TIE)
@@ -484,7 +540,9 @@ __all__ = [
     "choose",
     "data_parallel_memory",
     "data_parallel_network",
+    "data_parallel_pick",
     "data_parallel_profile",
+    "fit_data_parallel_overhead",
     "format_bytes",
     "refine_boundaries",
 ]

@@ -91,6 +91,9 @@ class ModelProfile:
             actions and its ring's bytes, in CPU seconds per byte of the stage's
             weights (fitted to a real round by `planner.fit_replica_overhead`; 0: none
             measured).
+        step_excess_s: what a data-parallel iteration costs each worker beyond the
+            timing model's account of it, in seconds of CPU work per iteration (fitted to
+            a real run by `planner.fit_data_parallel_overhead`; 0: none measured).
     """
 
     layers: tuple[LayerProfile, ...]
@@ -101,6 +104,7 @@ class ModelProfile:
     receive_delay_s: float = 0.0
     cold_s_per_byte: float = 0.0
     replica_s_per_byte: float = 0.0
+    step_excess_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,7 +117,7 @@ class ModelProfile:
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
         _check_figures(self, ("loss_s", "stage_overhead_s", "receive_delay_s",
-                              "cold_s_per_byte", "replica_s_per_byte"))
+                              "cold_s_per_byte", "replica_s_per_byte", "step_excess_s"))
 
     @classmethod
     def from_columns(
@@ -179,6 +183,7 @@ class ModelProfile:
             "receive_delay_s": self.receive_delay_s,
             "cold_s_per_byte": self.cold_s_per_byte,
             "replica_s_per_byte": self.replica_s_per_byte,
+            "step_excess_s": self.step_excess_s,
             **self.extra,
         }
 
@@ -190,7 +195,7 @@ class ModelProfile:
                 "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
             )
         known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s",
-                 "receive_delay_s", "cold_s_per_byte", "replica_s_per_byte"}
+                 "receive_delay_s", "cold_s_per_byte", "replica_s_per_byte", "step_excess_s"}
         try:
             layers = tuple(LayerProfile(**layer) for layer in data["layers"])
         except TypeError as err:
@@ -204,6 +209,7 @@ class ModelProfile:
             receive_delay_s=float(data.get("receive_delay_s", 0.0)),
             cold_s_per_byte=float(data.get("cold_s_per_byte", 0.0)),
             replica_s_per_byte=float(data.get("replica_s_per_byte", 0.0)),
+            step_excess_s=float(data.get("step_excess_s", 0.0)),
             extra={k: v for k, v in data.items() if k not in known},
         )
 

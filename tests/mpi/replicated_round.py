@@ -1,6 +1,7 @@
 """`replicated_round_s`: every rank a replica of the whole model; each gets the same
 seconds per update round, which cover at least the round's forward, backward and step;
-None on a single rank; fewer rounds where they would exceed the budget.
+None on a single rank; fewer rounds where they would exceed the budget. The same of
+`data_parallel_iteration_s` (the whole model under `DistributedOptimizer`).
 
 Run: mpirun -n 2 python tests/mpi/replicated_round.py
 """
@@ -8,6 +9,7 @@ Run: mpirun -n 2 python tests/mpi/replicated_round.py
 import torch
 from mpi4py import MPI
 
+from pipesgd.optim import DistributedOptimizer
 from pipesgd.pipeline import models, runtime
 
 comm = MPI.COMM_WORLD
@@ -38,6 +40,27 @@ runtime.Pipeline.train_epoch = counted
 assert runtime.replicated_round_s(comm, model, 32, budget_s=0.0) > 0
 assert epochs == [2 * size, 4 * size], epochs
 runtime.Pipeline.train_epoch = train_epoch
+
+# data parallelism: the same iteration on every rank, at least its compute
+dp_s = runtime.data_parallel_iteration_s(comm, model, 32, compression="quant8", steps=8)
+every = comm.allgather(dp_s)
+assert all(d == every[0] for d in every), every
+assert dp_s is not None and 0.8 * alone.total_s < dp_s < 50 * alone.total_s, (dp_s, alone)
+assert runtime.data_parallel_iteration_s(MPI.COMM_SELF, model, 32) is None
+steps = []
+step = DistributedOptimizer.step
+
+
+def counted_step(self, *args, **kwargs):
+    steps.append(self.iteration)
+    return step(self, *args, **kwargs)
+
+
+DistributedOptimizer.step = counted_step
+assert runtime.data_parallel_iteration_s(comm, model, 32, budget_s=0.0) > 0
+assert len(steps) == 3 + 4, steps  # three of warm-up, then the least of 4 timed
+DistributedOptimizer.step = step
 if rank == 0:
-    print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms "
-          f"(F + B + U alone {alone.total_s * 1e3:.3f} ms of CPU); OK", flush=True)
+    print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms, data-parallel "
+          f"iteration {dp_s * 1e3:.3f} ms (F + B + U alone {alone.total_s * 1e3:.3f} ms "
+          "of CPU); OK", flush=True)
