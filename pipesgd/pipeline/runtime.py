@@ -640,16 +640,18 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
                               budget_s: float = 2.0) -> float | None:
     """Seconds one iteration of `model` takes under data parallelism on every rank of
     `comm` (`pipesgd.DistributedOptimizer` over SGD with `staleness`, `compression` and
-    `overlap`, `batch` samples per rank): the slowest rank's mean over `steps` after
-    three of warm-up, fewer (at least 4) where they would take longer than `budget_s`;
-    the same on every rank, None on a single rank. On the CPU with one torch thread, as
-    the profile runs.
+    `overlap`, `batch` samples per rank), in the steady state: after three iterations of
+    warm-up, `steps` more (fewer, at least 4, where they would take longer than
+    `budget_s`) in four runs of back-to-back iterations; the median run's seconds per
+    iteration, of the slowest rank. The same on every rank; None on a single rank. On the
+    CPU with one torch thread, as the profile runs.
 
     The data-parallel counterpart of `replicated_round_s`: ranks that share cores lose
     more to an iteration than the timing model counts (the step's hand-offs, the
     engine's thread beside the compute), and the planner charges what this run took
     beyond its prediction to every data-parallel configuration
-    (`planner.fit_data_parallel_overhead`). Collective."""
+    (`planner.fit_data_parallel_overhead`). The median of four runs keeps a spell the
+    machine spent elsewhere out of it. Collective."""
     from pipesgd.optim import DistributedOptimizer
 
     if comm.Get_size() < 2:
@@ -658,24 +660,32 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
         net = model.build(seed=0)
         opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1e-4),
                                    net.named_parameters(), staleness=staleness,
-                                   compression=compression, overlap=overlap)
+                                   compression=compression, overlap=overlap, comm=comm)
         data = _random_micro_batches(model, batch, 1)
         x, y = data.x, data.y
 
-        def run(count: int) -> float:
-            """Seconds `count` iterations took on the slowest rank."""
+        def run(count: int) -> list[float]:
+            """When each of `count` iterations began, and when the last ended."""
             comm.Barrier()
-            begin = time.perf_counter()
+            stamps = []
             for _ in range(count):
+                stamps.append(time.perf_counter())
                 opt.zero_grad()
                 nn.functional.cross_entropy(net(x), y).backward()
                 opt.step()
+            stamps.append(time.perf_counter())
             opt.synchronize()
-            return comm.allreduce(time.perf_counter() - begin, op=MPI.MAX)
+            return stamps
 
         warm = run(3)
-        steps = max(4, min(steps, int(budget_s / max(warm / 3, 1e-9))))
-        return run(steps) / steps
+        # every rank must run as many: the slowest rank's warm-up decides
+        per_step = comm.allreduce((warm[-1] - warm[0]) / 3, op=MPI.MAX)
+        runs = 4
+        each = max(1, min(steps, int(budget_s / max(per_step, 1e-9))) // runs)
+        stamps = run(runs * each)
+        seconds = sorted((stamps[(i + 1) * each] - stamps[i * each]) / each
+                         for i in range(runs))
+        return comm.allreduce((seconds[1] + seconds[2]) / 2, op=MPI.MAX)
 
 
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:
