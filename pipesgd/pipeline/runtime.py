@@ -40,6 +40,7 @@ from .stash import WeightPolicy, make_policy, tensors_bytes
 from .timeline import Timeline
 
 LOOKAHEAD = 8  # actions ahead whose receives are posted early
+DATA_PARALLEL_BATCHES = 16  # distinct batches `data_parallel_iteration_s` cycles through
 
 
 @dataclass
@@ -661,17 +662,20 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
         opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1e-4),
                                    net.named_parameters(), staleness=staleness,
                                    compression=compression, overlap=overlap, comm=comm)
-        data = _random_micro_batches(model, batch, 1)
-        x, y = data.x, data.y
+        # new samples every iteration, as training reads them (one batch kept in the
+        # caches ran about 6 % faster than the same loop over a data set)
+        data = _random_micro_batches(model, batch, DATA_PARALLEL_BATCHES)
+        xs, ys = data.x.split(batch), data.y.split(batch)
 
         def run(count: int) -> list[float]:
             """When each of `count` iterations began, and when the last ended."""
             comm.Barrier()
             stamps = []
-            for _ in range(count):
+            for i in range(count):
                 stamps.append(time.perf_counter())
                 opt.zero_grad()
-                nn.functional.cross_entropy(net(x), y).backward()
+                k = i % DATA_PARALLEL_BATCHES
+                nn.functional.cross_entropy(net(xs[k]), ys[k]).backward()
                 opt.step()
             stamps.append(time.perf_counter())
             opt.synchronize()
