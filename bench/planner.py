@@ -153,8 +153,12 @@ def worker(args: argparse.Namespace) -> int:
         data_parallel_iteration_s,
         replicated_round_s,
     )
-    from pipesgd.planner import fit_replica_overhead, profile_layer_model
-    from pipesgd.planner.choose import data_parallel_pick, fit_data_parallel_overhead
+    from pipesgd.planner import (
+        fit_data_parallel_overhead,
+        fit_replica_overhead,
+        profile_layer_model,
+    )
+    from pipesgd.planner.choose import data_parallel_pick
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD

@@ -6,14 +6,13 @@ import dataclasses
 
 import pytest
 
-from pipesgd.planner import ModelProfile, choose, simulate
+from pipesgd.planner import ModelProfile, choose, fit_data_parallel_overhead, simulate
 from pipesgd.planner.choose import (
     at_batch,
     data_parallel_memory,
     data_parallel_network,
     data_parallel_pick,
     data_parallel_profile,
-    fit_data_parallel_overhead,
 )
 from pipesgd.planner.topology import HierarchicalTopology
 from pipesgd.timing import describe_cluster

@@ -209,9 +209,9 @@ def _profile(args: argparse.Namespace, model: Any, workers: int, topology: Any,
     beside the other ranks, and `round_s`, a round of it replicated on every rank, where
     measured), the topology, its description, and the data-parallel configuration the
     timing model ranks first (to be run)."""
+    from pipesgd.planner.calibrate import fit_replica_overhead
     from pipesgd.planner.choose import data_parallel_pick
     from pipesgd.planner.profile import profile_layer_model
-    from pipesgd.planner.simulate import fit_replica_overhead
 
     batch, micro = batch_sizes(args)
     if topology is None:
@@ -232,7 +232,8 @@ def _choose(args: argparse.Namespace, prof: Any, workers: int, topology: Any,
     """Rank 0: the profile charged what `iteration_s`, a real run of the data-parallel
     `config`, took beyond its prediction (where measured), choose, print; the decision
     to broadcast."""
-    from pipesgd.planner.choose import choose, fit_data_parallel_overhead
+    from pipesgd.planner.calibrate import fit_data_parallel_overhead
+    from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, train_command
 
     batch, micro = batch_sizes(args)

@@ -17,14 +17,14 @@ Modules: profile (LayerProfile, ModelProfile, profile, and profile_layer_model: 
 `LayerModel`'s profile scaled to a real run of it), topology (levels of components
 and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
 stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
-runtime's schedule of a plan, timed: samples/s, bubbles, peak memory; and
-fit_replica_overhead, a replicated round's charge fitted to a real one), choose
+runtime's schedule of a plan, timed: samples/s, bubbles, peak memory), choose
 (PipeDream, MadPipe or data parallelism, ranked by predicted samples/s within a memory
-budget; and fit_data_parallel_overhead, a data-parallel iteration's charge fitted to a
-real one), cli (`pipesgd plan`).
+budget), calibrate (what a replicated round and a data-parallel iteration cost beyond
+the models, fitted to real runs), cli (`pipesgd plan`).
 """
 
-from .choose import Candidate, PlanChoice, choose, fit_data_parallel_overhead
+from .calibrate import fit_data_parallel_overhead, fit_replica_overhead
+from .choose import Candidate, PlanChoice, choose
 from .madpipe import (
     MadPipeResult,
     madpipe,
@@ -35,7 +35,7 @@ from .madpipe import (
 )
 from .pipedream import LevelStage, PipeDreamResult, pipedream, to_plan
 from .profile import LayerProfile, ModelProfile, profile, profile_layer_model
-from .simulate import SimulationResult, StageReport, fit_replica_overhead, simulate
+from .simulate import SimulationResult, StageReport, simulate
 from .topology import HierarchicalTopology, Level, SharedCores, from_network, parse_bytes
 
 __all__ = [

@@ -44,7 +44,7 @@ from typing import Any
 
 from pipesgd.pipeline.plan import Plan
 from pipesgd.timing.cluster import describe_cluster
-from pipesgd.timing.model import Config, Prediction, predict
+from pipesgd.timing.model import Prediction
 from pipesgd.timing.model import choose as choose_data_parallel
 from pipesgd.timing.network import NetworkParams
 from pipesgd.timing.profile import Profile
@@ -217,52 +217,6 @@ def data_parallel_pick(profile: ModelProfile, topology: HierarchicalTopology,
     net = network if network is not None else data_parallel_network(topology)
     return choose_data_parallel(data_parallel_profile(profile, batch_size), net,
                                 topology.num_workers)[0]
-
-
-def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopology,
-                               iteration_s: float, config: Config, batch_size: int,
-                               network: NetworkParams | None = None) -> ModelProfile:
-    """`profile` with the `step_excess_s` that makes the timing model predict `config` on
-    `topology`'s workers (`batch_size` samples each) as a real run of it took
-    (`iteration_s`: `pipeline.runtime.data_parallel_iteration_s`); 0 where the
-    prediction is that slow already. The measured and predicted iterations go in
-    `extra["data_parallel_run"]`.
-
-    On shared cores an iteration of `DistributedOptimizer` costs each rank more CPU than
-    its profiled forward, backward and update and its ring's modelled work: the step
-    hands buckets to the engine and back, its thread competes for the cores and the
-    caches. Charged as CPU work per iteration, it carries over to the other
-    configurations, which run the same step (`bench/planner.py`).
-
-    Raises:
-        ValueError: an iteration that is not a positive time.
-    """
-    if not (iteration_s > 0 and math.isfinite(iteration_s)):
-        raise ValueError(f"iteration_s must be a positive number of seconds, got "
-                         f"{iteration_s!r}")
-    net = network if network is not None else data_parallel_network(topology)
-
-    def predicted(excess: float) -> float:
-        prof = data_parallel_profile(replace(profile, step_excess_s=excess), batch_size)
-        return predict(prof, net, topology.num_workers, config.staleness,
-                       config.compression, config.overlap).predicted_s
-
-    unfitted, excess = predicted(0.0), 0.0
-    if iteration_s > unfitted:
-        # the prediction grows with the excess: bracket it, then bisect
-        low, high = 0.0, iteration_s - unfitted
-        for _ in range(20):
-            if predicted(high) >= iteration_s:
-                break
-            low, high = high, 2 * high
-        for _ in range(30):
-            mid = (low + high) / 2
-            low, high = (mid, high) if predicted(mid) < iteration_s else (low, mid)
-        excess = high
-    return replace(profile, step_excess_s=excess, extra={
-        **profile.extra, "data_parallel_run": {
-            "config": config.label, "batch_size": batch_size, "measured_s": iteration_s,
-            "predicted_without_s": unfitted}})
 
 
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:
@@ -542,7 +496,6 @@ __all__ = [
     "data_parallel_network",
     "data_parallel_pick",
     "data_parallel_profile",
-    "fit_data_parallel_overhead",
     "format_bytes",
     "refine_boundaries",
 ]

@@ -83,11 +83,11 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipesgd.pipeline import schedule as sched
-from pipesgd.pipeline.plan import Plan, StagePlan
+from pipesgd.pipeline.plan import Plan
 from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
 
 from .profile import ModelProfile
@@ -795,58 +795,10 @@ def simulate(
     )
 
 
-def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
-                         round_s: float, replicas: int) -> ModelProfile:
-    """`profile` with the `replica_s_per_byte` that makes this simulator time a round of
-    the whole model replicated on `replicas` workers of `topology` (1F1B-RR, a
-    micro-batch of `profile.batch_size`) as a real run of that plan took (`round_s`:
-    `pipeline.runtime.replicated_round_s`); 0 where the simulation is that slow already.
-    The measured and simulated rounds go in `extra["replica_round"]`.
-
-    On shared cores a replicated round loses time its actions and its ring's bytes do
-    not account for (caches evicted while it waited, the engine's thread beside the
-    compute, ring steps waiting for a core), and the loss grows with the weights the
-    round moves and touches: charged as CPU work per weight byte to each replica's
-    hand-off to the ring, it carries over to the replicated stages of other plans
-    (`bench/planner.py`).
-
-    Raises:
-        ValueError: fewer than 2 replicas, or a round that is not a positive time.
-    """
-    if replicas < 2:
-        raise ValueError(f"a replicated round needs at least 2 replicas, got {replicas}")
-    if not (round_s > 0 and math.isfinite(round_s)):
-        raise ValueError(f"round_s must be a positive number of seconds, got {round_s!r}")
-    weight = sum(profile.column("param_bytes"))
-    plan = Plan((StagePlan(0, profile.num_layers, replicas),), schedule="1f1b-rr",
-                micro_batch=profile.batch_size or 1)
-
-    def round_at(rate: float) -> float:
-        sim = simulate(plan, replace(profile, replica_s_per_byte=rate), topology)
-        return sim.time_per_micro_batch_s * replicas
-
-    unfitted, rate = round_at(0.0), 0.0
-    if weight > 0 and round_s > unfitted:
-        # the round grows with the charge: bracket it, then bisect
-        low, high = 0.0, (round_s - unfitted) / weight
-        for _ in range(20):
-            if round_at(high) >= round_s:
-                break
-            low, high = high, 2 * high
-        for _ in range(30):
-            mid = (low + high) / 2
-            low, high = (mid, high) if round_at(mid) < round_s else (low, mid)
-        rate = high
-    return replace(profile, replica_s_per_byte=rate, extra={
-        **profile.extra, "replica_round": {"replicas": replicas, "measured_s": round_s,
-                                           "simulated_without_s": unfitted}})
-
-
 __all__ = [
     "Interval",
     "SimulationResult",
     "StageReport",
     "batch_scale",
-    "fit_replica_overhead",
     "simulate",
 ]

@@ -1,0 +1,129 @@
+"""Charges fitted to real runs: what ranks sharing cores lose beyond the models' account.
+
+Two short runs on every rank (`pipesgd pipeline --plan auto`, `bench/planner.py`) are
+set beside their predictions, and each excess becomes a charge the models then apply to
+every candidate of its family:
+
+- `fit_replica_overhead`: a round of the whole model replicated on every rank
+  (`pipeline.runtime.replicated_round_s`) against the simulator, charged per weight byte
+  to every replicated stage's hand-off to the ring (`ModelProfile.replica_s_per_byte`);
+- `fit_data_parallel_overhead`: an iteration of data parallelism
+  (`pipeline.runtime.data_parallel_iteration_s`) against the timing model, charged as CPU
+  work per iteration to every data-parallel configuration
+  (`ModelProfile.step_excess_s`).
+
+Each charge is the smallest that makes the model as slow as the run; 0 where the model is
+that slow already.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from pipesgd.pipeline.plan import Plan, StagePlan
+from pipesgd.timing.model import Config, predict
+from pipesgd.timing.network import NetworkParams
+
+from .choose import data_parallel_network, data_parallel_profile
+from .profile import ModelProfile
+from .simulate import simulate
+from .topology import HierarchicalTopology
+
+
+def _charge_reaching(model_s: Callable[[float], float], measured_s: float,
+                     first_guess: float) -> float:
+    """The smallest charge for which `model_s(charge)`, which grows with it, reaches
+    `measured_s`: bracketed from `first_guess` upwards, then bisected; 0 where
+    `first_guess` is not positive (the model without a charge is that slow already)."""
+    if first_guess <= 0:
+        return 0.0
+    low, high = 0.0, first_guess
+    for _ in range(20):
+        if model_s(high) >= measured_s:
+            break
+        low, high = high, 2 * high
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if model_s(mid) < measured_s else (low, mid)
+    return high
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
+                         round_s: float, replicas: int) -> ModelProfile:
+    """`profile` with the `replica_s_per_byte` that makes the simulator time a round of
+    the whole model replicated on `replicas` workers of `topology` (1F1B-RR, a
+    micro-batch of `profile.batch_size`) as a real run of that plan took (`round_s`:
+    `pipeline.runtime.replicated_round_s`); 0 where the simulation is that slow already.
+    The measured and simulated rounds go in `extra["replica_round"]`.
+
+    On shared cores a replicated round loses time its actions and its ring's bytes do
+    not account for (caches evicted while it waited, the engine's thread beside the
+    compute, ring steps waiting for a core), and the loss grows with the weights the
+    round moves and touches: charged as CPU work per weight byte to each replica's
+    hand-off to the ring, it carries over to the replicated stages of other plans
+    (`bench/planner.py`).
+
+    Raises:
+        ValueError: fewer than 2 replicas, or a round that is not a positive time.
+    """
+    if replicas < 2:
+        raise ValueError(f"a replicated round needs at least 2 replicas, got {replicas}")
+    _check_seconds("round_s", round_s)
+    weight = sum(profile.column("param_bytes"))
+    plan = Plan((StagePlan(0, profile.num_layers, replicas),), schedule="1f1b-rr",
+                micro_batch=profile.batch_size or 1)
+
+    def round_at(rate: float) -> float:
+        sim = simulate(plan, replace(profile, replica_s_per_byte=rate), topology)
+        return sim.time_per_micro_batch_s * replicas
+
+    unfitted = round_at(0.0)
+    rate = _charge_reaching(round_at, round_s,
+                            (round_s - unfitted) / weight if weight > 0 else 0.0)
+    return replace(profile, replica_s_per_byte=rate, extra={
+        **profile.extra, "replica_round": {"replicas": replicas, "measured_s": round_s,
+                                           "simulated_without_s": unfitted}})
+
+
+def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopology,
+                               iteration_s: float, config: Config, batch_size: int,
+                               network: NetworkParams | None = None) -> ModelProfile:
+    """`profile` with the `step_excess_s` that makes the timing model predict `config` on
+    `topology`'s workers (`batch_size` samples each; `network`: the measured one, else
+    the topology's slowest level) as a real run of it took (`iteration_s`:
+    `pipeline.runtime.data_parallel_iteration_s`); 0 where the prediction is that slow
+    already. The measured and predicted iterations go in `extra["data_parallel_run"]`.
+
+    On shared cores an iteration of `DistributedOptimizer` costs each rank more CPU than
+    its profiled forward, backward and update and its ring's modelled work: the step
+    hands buckets to the engine and back, its thread competes for the cores and the
+    caches. Charged as CPU work per iteration, it carries over to the other
+    configurations, which run the same step (`bench/planner.py`).
+
+    Raises:
+        ValueError: an iteration that is not a positive time.
+    """
+    _check_seconds("iteration_s", iteration_s)
+    net = network if network is not None else data_parallel_network(topology)
+
+    def predicted(excess: float) -> float:
+        prof = data_parallel_profile(replace(profile, step_excess_s=excess), batch_size)
+        return predict(prof, net, topology.num_workers, config.staleness,
+                       config.compression, config.overlap).predicted_s
+
+    unfitted = predicted(0.0)
+    excess = _charge_reaching(predicted, iteration_s, iteration_s - unfitted)
+    return replace(profile, step_excess_s=excess, extra={
+        **profile.extra, "data_parallel_run": {
+            "config": config.label, "batch_size": batch_size, "measured_s": iteration_s,
+            "predicted_without_s": unfitted}})
+
+
+__all__ = ["fit_data_parallel_overhead", "fit_replica_overhead"]
