@@ -21,7 +21,9 @@ MLP and the CNN of `pipesgd pipeline`:
    configuration) if it is not among them;
 3. runs every kept plan for real, in rounds (each plan once per round, `--rounds`), and
    takes the steady-state samples/s as the simulator does: micro-batches completed by
-   the first stage between the end of the startup and the start of the drain.
+   the first stage between the end of the startup and the start of the drain (data
+   parallelism: its steps after three of warm-up, without the drain of the allreduces
+   still in flight).
 
 Targets, over all plans of all scenarios: median |predicted / measured - 1| <= 15 %,
 worst <= 30 %; in every scenario and model, the chooser's pick measured fastest or
@@ -204,7 +206,7 @@ def worker(args: argparse.Namespace) -> int:
                     rate = run_pipeline(comm, spec, k["plan"], data, args.micro_batches)
                 else:
                     rate = data_parallel_throughput(spec, mb, args.micro_batches // size,
-                                                    x, y, **k["data_parallel"])
+                                                    x, y, drain=False, **k["data_parallel"])
                 measured[k["label"]].append(rate)
                 if rank == 0:
                     print(f"{name} {k['label']}: predicted {k['predicted']:.0f}, "
