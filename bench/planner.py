@@ -5,14 +5,13 @@
 Each scenario is one `mpirun` (under `bench/netem.py` for emulated links) that, for the
 MLP and the CNN of `pipesgd pipeline`:
 
-1. measures the job's network (`measure_network`, as `pipesgd pipeline --plan auto`
-   does), runs the whole model on every rank at once (`action_times_beside_others`) and
-   as a replica on every rank (`replicated_round_s`), and profiles it layer by layer
-   on rank 0 (`profile_layer_model`, one thread, the run's micro-batch, scaled to that
-   run, with the replicated round's excess: `fit_replica_overhead`) while the other
-   ranks sleep; then runs the data-parallel configuration the timing model ranks
-   first on every rank for about two seconds (`data_parallel_iteration_s`) and charges
-   its excess over the prediction to every configuration (`fit_data_parallel_overhead`);
+1. measures the job's network (`measure_network`), runs the whole model on every rank at
+   once (`action_times_beside_others`) and profiles it as `pipesgd pipeline --plan auto`
+   does (`calibrated_profile`): layer by layer on rank 0 (one thread, the run's
+   micro-batch, scaled to that run) while the other ranks sleep, charged what a round of
+   it replicated on every rank (`replicated_round_s`) and the data-parallel
+   configuration the timing model ranks first (`data_parallel_iteration_s`, about two
+   seconds) took beyond their models;
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
    stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
    (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
@@ -148,19 +147,9 @@ def worker(args: argparse.Namespace) -> int:
 
     import pipesgd
     from pipesgd.pipeline import MicroBatches, models
-    from pipesgd.pipeline.auto_plan import measured_topology
+    from pipesgd.pipeline.auto_plan import calibrated_profile, measured_topology
     from pipesgd.pipeline.data import synthetic
-    from pipesgd.pipeline.runtime import (
-        action_times_beside_others,
-        data_parallel_iteration_s,
-        replicated_round_s,
-    )
-    from pipesgd.planner import (
-        fit_data_parallel_overhead,
-        fit_replica_overhead,
-        profile_layer_model,
-    )
-    from pipesgd.planner.choose import data_parallel_pick
+    from pipesgd.pipeline.runtime import action_times_beside_others
     from pipesgd.polling import decided_on_root
 
     comm = MPI.COMM_WORLD
@@ -175,24 +164,10 @@ def worker(args: argparse.Namespace) -> int:
         mb = MICRO_BATCH[name]
 
         whole = action_times_beside_others(comm, spec, mb)  # collective
-        round_s = replicated_round_s(comm, spec, mb)  # collective
+        # collective: as --plan auto calibrates it
+        prof = calibrated_profile(comm, spec, name, mb, mb, topo, net, whole=whole)
 
-        def profiled(spec=spec, name=name, mb=mb, whole=whole, round_s=round_s
-                     ) -> tuple[Any, Any]:
-            prof = profile_layer_model(spec, name, mb, whole=whole)
-            if round_s is not None:
-                prof = fit_replica_overhead(prof, topo, round_s, size)
-            return prof, data_parallel_pick(prof, topo, mb, net).config
-
-        prof, config = decided_on_root(comm, profiled)
-        iteration_s = data_parallel_iteration_s(  # collective
-            comm, spec, mb, staleness=config.staleness, compression=config.compression,
-            overlap=config.overlap)
-
-        def decide(prof=prof, config=config, mb=mb, iteration_s=iteration_s
-                   ) -> tuple[list[dict], dict, dict]:
-            if iteration_s is not None:
-                prof = fit_data_parallel_overhead(prof, topo, iteration_s, config, mb, net)
+        def decide(prof=prof, mb=mb) -> tuple[list[dict], dict, dict]:
             kept, pick = select_plans(prof, topo, net, size, mb, args.per_shape)
             return kept, pick, prof.to_dict()
 

@@ -2,11 +2,13 @@
 
     mpirun -n 4 pipesgd pipeline --model cnn --plan auto --bandwidth 1Gbit --memory 64MB
 
-Rank 0 profiles the model the run builds (its `LayerModel`, at the run's micro-batch, one
-thread; scaled to the whole model's run on every rank at once, as training will share
-the hosts), takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or else
-from the job's own network (`measure_network`, all ranks, one level of p workers at its
-β and α, sharing the cores it counted), ranks the candidates with
+Every rank takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or
+else from the job's own network (`measure_network`, all ranks, one level of p workers at
+its β and α, sharing the cores it counted). Rank 0 profiles the model the run builds (its
+`LayerModel`, at the run's micro-batch, one thread; scaled to the whole model's run on
+every rank at once, as training will share the hosts, and on CPUs charged what a
+replicated round and a data-parallel run of it took beyond their models:
+`calibrated_profile`), ranks the candidates with
 `pipesgd.planner.choose` and prints the ranking as
 `pipesgd plan` prints it. The other ranks sleep meanwhile (`idle_barrier`). Rank 0 then
 broadcasts its decision, or its error, so every rank runs the same plan or every rank
@@ -135,11 +137,7 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     from pipesgd.device import run_device
     from pipesgd.polling import decided_on_root
 
-    from .runtime import (
-        action_times_beside_others,
-        data_parallel_iteration_s,
-        replicated_round_s,
-    )
+    from .runtime import action_times_beside_others
 
     errors = (ValueError, TypeError, OSError, RuntimeError)
     try:
@@ -147,33 +145,70 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
         device = run_device(getattr(args, "device", "cpu"), comm)
     except ValueError as err:
         raise AutoPlanError(str(err)) from err
-    topology, network, measured = None, "given", None
-    if not (args.topology or args.bandwidth):
+    workers = comm.Get_size()
+    given = bool(args.topology or args.bandwidth)
+    measured = None
+    try:
+        # the same on every rank, and so are their errors
+        batch, micro = batch_sizes(args)
+        if given:
+            topology, network = _given_topology(args, workers)
+    except errors as err:
+        raise AutoPlanError(str(err)) from err
+    if not given:
         # collective: every rank measures
         topology, network, measured = measured_topology(comm, device)
-    workers = comm.Get_size()
     try:
-        batch, micro = batch_sizes(args)  # the same on every rank, and so is its error
         # collective: every rank runs the whole model at once, as training will
         whole = action_times_beside_others(comm, model, micro, device)
-        # and as a replica of the whole model, where ranks compute on the CPU
-        on_cpus = whole is not None and device.type == "cpu"
-        round_s = replicated_round_s(comm, model, micro) if on_cpus else None
     except (ValueError, RuntimeError) as err:  # raised on every rank alike
         raise AutoPlanError(str(err)) from err
     try:
-        prof, topology, network, config = decided_on_root(
-            comm, lambda: _profile(args, model, workers, topology, network, measured,
-                                   device, whole, round_s), errors)
-        # collective: the data-parallel configuration the timing model ranks first, run
-        iteration_s = data_parallel_iteration_s(
-            comm, model, batch, staleness=config.staleness, compression=config.compression,
-            overlap=config.overlap) if on_cpus else None
+        prof = calibrated_profile(comm, model, args.model, micro, batch, topology,
+                                  measured, device, whole, errors)
         return decided_on_root(
-            comm, lambda: _choose(args, prof, workers, topology, network, measured,
-                                  config, iteration_s), errors)
+            comm, lambda: _choose(args, prof, workers, topology, network, measured), errors)
     except errors as err:
         raise AutoPlanError(str(err)) from err
+
+
+def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
+                       topology: Any, measured: Any = None, device: Any = None,
+                       whole: Any = None,
+                       errors: tuple[type[Exception], ...] = (ValueError,)) -> Any:
+    """`model`'s layer profile as the planner ranks on it, the same on every rank
+    (collective): rank 0 profiles it at `micro` samples on `device` (scaled to `whole`,
+    the model's run beside the other ranks); where ranks compute on the CPU, every rank
+    then runs a round of it replicated on every rank and the data-parallel configuration
+    the timing model ranks first at `batch` samples (on `measured`, else `topology`'s
+    network), and the profile is charged what each took beyond its model
+    (`planner.calibrate`). `errors` raised on rank 0 are raised on every rank."""
+    from pipesgd.planner.calibrate import fit_data_parallel_overhead, fit_replica_overhead
+    from pipesgd.planner.choose import data_parallel_pick
+    from pipesgd.planner.profile import profile_layer_model
+    from pipesgd.polling import decided_on_root
+
+    from .runtime import data_parallel_iteration_s, replicated_round_s
+
+    workers = comm.Get_size()
+    on_cpus = whole is not None and (device is None or device.type == "cpu")
+    round_s = replicated_round_s(comm, model, micro) if on_cpus else None
+
+    def profiled() -> tuple[Any, Any]:
+        prof = profile_layer_model(model, name, micro, threads=1, device=device,
+                                   whole=whole)
+        if round_s is not None:
+            prof = fit_replica_overhead(prof, topology, round_s, workers)
+        return prof, data_parallel_pick(prof, topology, batch, measured).config
+
+    prof, config = decided_on_root(comm, profiled, errors)
+    iteration_s = data_parallel_iteration_s(
+        comm, model, batch, staleness=config.staleness, compression=config.compression,
+        overlap=config.overlap) if on_cpus else None
+    if iteration_s is None:
+        return prof
+    # the same inputs on every rank: each fits the same charge
+    return fit_data_parallel_overhead(prof, topology, iteration_s, config, batch, measured)
 
 
 def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:
@@ -189,7 +224,8 @@ def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:
         f"alpha {net.alpha_s * 1e6:.3g} us"), net
 
 
-def _given_topology(args: argparse.Namespace, workers: int) -> Any:
+def _given_topology(args: argparse.Namespace, workers: int) -> tuple[Any, str]:
+    """(the cluster --topology or --bandwidth describes, its description)."""
     from pipesgd.planner.cli import topology_of
 
     topo = topology_of(argparse.Namespace(topology=args.topology, bandwidth=args.bandwidth,
@@ -199,47 +235,17 @@ def _given_topology(args: argparse.Namespace, workers: int) -> Any:
         raise ValueError(f"--topology {args.topology!r} has {topo.num_workers} workers but "
                          f"the job runs {workers} ranks: run `mpirun -n {topo.num_workers} "
                          "...` or describe this job's ranks")
-    return topo
-
-
-def _profile(args: argparse.Namespace, model: Any, workers: int, topology: Any,
-             network: str, measured: Any, device: Any, whole: Any,
-             round_s: float | None) -> tuple[Any, Any, str, Any]:
-    """Rank 0: the model's profile on `device` (calibrated on `whole`, the model's run
-    beside the other ranks, and `round_s`, a round of it replicated on every rank, where
-    measured), the topology, its description, and the data-parallel configuration the
-    timing model ranks first (to be run)."""
-    from pipesgd.planner.calibrate import fit_replica_overhead
-    from pipesgd.planner.choose import data_parallel_pick
-    from pipesgd.planner.profile import profile_layer_model
-
-    batch, micro = batch_sizes(args)
-    if topology is None:
-        topology = _given_topology(args, workers)
-        network = f"--topology {args.topology}" if args.topology else (
-            f"--bandwidth {args.bandwidth} --latency {args.latency}")
-    prof = profile_layer_model(model, args.model, micro, threads=1, device=device,
-                               whole=whole)
-    if round_s is not None:
-        prof = fit_replica_overhead(prof, topology, round_s, workers)
-    return prof, topology, network, data_parallel_pick(prof, topology, batch,
-                                                       measured).config
+    return topo, (f"--topology {args.topology}" if args.topology else
+                  f"--bandwidth {args.bandwidth} --latency {args.latency}")
 
 
 def _choose(args: argparse.Namespace, prof: Any, workers: int, topology: Any,
-            network: str, measured: Any, config: Any,
-            iteration_s: float | None) -> AutoPlan:
-    """Rank 0: the profile charged what `iteration_s`, a real run of the data-parallel
-    `config`, took beyond its prediction (where measured), choose, print; the decision
-    to broadcast."""
-    from pipesgd.planner.calibrate import fit_data_parallel_overhead
+            network: str, measured: Any) -> AutoPlan:
+    """Rank 0: choose on the calibrated profile, print; the decision to broadcast."""
     from pipesgd.planner.choose import choose
     from pipesgd.planner.cli import print_choice, train_command
 
     batch, micro = batch_sizes(args)
-    if iteration_s is not None:
-        prof = fit_data_parallel_overhead(prof, topology, iteration_s, config, batch,
-                                          measured)
     choice = choose(prof, topology, args.memory, batch_size=batch, micro_batch=micro,
                     staleness=args.staleness, dp_network=measured)
     print_choice(prof, topology, choice, args.model)
