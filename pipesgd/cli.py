@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 SUBCOMMANDS = {
     "train": ("pipesgd.train.cli", "data-parallel training with Pipe-SGD (run under mpirun)"),
@@ -30,7 +31,33 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sub.add_parser(name, help=help_text, add_help=False)
     args = parser.parse_args(argv)
-    return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
+    command = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        return int(command.run(args) or 0)
+    except Exception as exc:
+        abort_other_ranks(f"pipesgd {args.command}", exc)
+        raise
+
+
+def abort_other_ranks(what: str, exc: BaseException) -> None:
+    """Under mpirun, end the whole job when this rank fails, as `python -m mpi4py` does.
+
+    The other ranks may be waiting for this one in a collective, and a rank that exits
+    does not end them: the job would hang until killed. Prints the traceback and one
+    line naming the rank first. Returns (and the caller re-raises) on a single rank or
+    where MPI was never started.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    world = mpi.COMM_WORLD
+    if world.Get_size() < 2:
+        return
+    traceback.print_exc()
+    print(f"{what}: rank {world.Get_rank()}: {type(exc).__name__}: {exc} "
+          "(aborting the job: the other ranks may be waiting for this one)",
+          file=sys.stderr, flush=True)
+    world.Abort(1)
 
 
 if __name__ == "__main__":

@@ -204,125 +204,119 @@ def run(args: argparse.Namespace) -> int:
         if comm is None:
             print(f"rank {rank}: idle, the plan uses {auto.plan.world_size} ranks", flush=True)
             return 0
-    try:
-        plan = _plan(args, model.num_layers, comm.Get_size(), auto and auto.plan)
-        if args.print_schedule:
-            if rank == 0:
-                n = 2 * plan.world_size
-                print(sched.format_table(sched.build(plan, n)))
-                if plan.schedule == "async":
-                    print(format_delays(sched.delays(plan)))
-            return 0
-        kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
-        held_out = None  # the test split, evaluated after every epoch
-        if kind == "digits":
-            if model.input_shape == (64,):
-                (x, y), held_out = data.digits(seed=args.seed)
-            elif len(model.input_shape) == 3 and model.num_classes >= 10:
-                (x, y), held_out = data.digits_as_images(model.input_shape, seed=args.seed)
-            else:
-                raise SystemExit(
-                    f"--data digits: 64 features or images (channels, height, width) of 10 "
-                    f"classes, but the model takes {model.input_shape} with "
-                    f"{model.num_classes} classes")
-        else:
-            x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
-        device = run_device(args.device, comm)
-        # the data set is small: on the stage's device once, not per micro-batch
-        stream = data.MicroBatches(x.to(device), y.to(device), plan.micro_batch,
-                                   seed=args.seed)
-        limit = None
-        if args.steps:
-            limit = args.steps * plan.micro_batches_per_step
-        lr = learning_rate(args)
-        pipemare = pipemare_options(args, plan)
-        warmup = args.sync_warmup_epochs if plan.schedule == "async" else 0
-        pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
-                        lr=lr, momentum=args.momentum, seed=args.seed,
-                        vertical_sync=args.vertical_sync, compression=args.compression,
-                        staleness=args.staleness, pipemare=pipemare,
-                        recompute=recompute_stages(args.recompute),
-                        device=device)
-        start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
-        history = []
-        for epoch in range(start_epoch, start_epoch + args.epochs):
-            if warmup and epoch >= warmup and pipe.plan.schedule != "async":
-                # PipeMareW: the synchronous warm-up is over (or was, before a resume)
-                pipe.use_schedule("async")
-            bar = None
-            if pipe.last and pipe.replica == 0 and not args.no_progress:
-                from tqdm import tqdm
-
-                n = len(stream) if limit is None else min(len(stream), limit)
-                bar = tqdm(total=len([i for i in range(n)
-                                      if plan.replica_of(pipe.stage_id, i) == 0]),
-                           desc=f"epoch {epoch}", unit="mb", file=sys.stderr, leave=False)
-
-            def tick(mb: int, loss: float, bar=bar) -> None:
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.3f}")
-
-            # without a bar, nothing reads each loss (on a GPU that would wait for it)
-            stats = pipe.train_epoch(stream, epoch, max_micro_batches=limit,
-                                     on_micro_batch=tick if bar is not None else None)
-            if bar is not None:
-                bar.close()
-            history.append(stats.to_dict())
-            held = ""
-            if held_out is not None:
-                test = pipe.evaluate(*held_out)
-                history[-1].update(test_loss=test.loss, test_accuracy=test.accuracy)
-                held = f" test accuracy {test.accuracy:.3f}"
-            if rank == 0:
-                util = " ".join(f"s{i}={u:.0%}" for i, u in enumerate(stats.stage_utilisation))
-                print(f"epoch {epoch}: loss {stats.loss:.4f} accuracy {stats.accuracy:.3f}"
-                      f"{held} | {stats.throughput_samples_per_s:.0f} samples/s | "
-                      f"utilisation {util}", flush=True)
-            # Every rank has the same loss (gathered), so all stop together.
-            if (why := diverged(stats.loss, epoch, lr)) is not None:
-                if rank == 0:
-                    print(why, file=sys.stderr, flush=True)
-                pipe.close()
-                return 1
-            if args.save:
-                checkpoint.save(pipe, args.save)
-        if args.timeline:
-            out = tl.write(pipe.timeline, comm, args.timeline, epoch=pipe.epochs_done - 1,
-                           title=f"{args.model} {plan.schedule} {plan.num_stages} stages")
-            if out is not None:
-                print(f"timeline: {out / 'timeline.json'} {out / 'timeline.png'}")
-        if auto is not None and rank == 0 and history:
-            print(auto.summary(history[-1]["throughput_samples_per_s"], plan), flush=True)
-        if args.json and rank == 0 and history:
-            last = history[-1]
-            report = {
-                "model": args.model,
-                "plan": plan.to_dict(),
-                "throughput_samples_per_s": last["throughput_samples_per_s"],
-                "stage_utilisation": last["stage_utilisation"],
-                "utilisation_per_rank": last["utilisation"],
-                "peak_rss_mb": last["peak_rss_mb"],
-                "peak_stash_mb": last["peak_stash_mb"],
-                "peak_activation_mb": last["peak_activation_mb"],
-                "peak_saved_mb": last["peak_saved_mb"],
-                "weight_mb": last["weight_mb"],
-                "optimizer_state_mb": last["optimizer_state_mb"],
-                "peak_versions": last["peak_versions"],
-                "delays": pipe.delays if pipe.plan.schedule == "async" else None,
-                "loss": last["loss"],
-                "accuracy": last["accuracy"],
-                "test_accuracy": last.get("test_accuracy"),
-                "epochs": history,
-            }
-            if auto is not None:
-                report["auto_plan"] = auto.to_dict(last["throughput_samples_per_s"])
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
-        pipe.close()
+    plan = _plan(args, model.num_layers, comm.Get_size(), auto and auto.plan)
+    if args.print_schedule:
+        if rank == 0:
+            n = 2 * plan.world_size
+            print(sched.format_table(sched.build(plan, n)))
+            if plan.schedule == "async":
+                print(format_delays(sched.delays(plan)))
         return 0
-    except Exception as exc:
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        if comm.Get_size() > 1:
-            comm.Abort(1)  # the other ranks would wait on this one forever
-        return 1
+    kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
+    held_out = None  # the test split, evaluated after every epoch
+    if kind == "digits":
+        if model.input_shape == (64,):
+            (x, y), held_out = data.digits(seed=args.seed)
+        elif len(model.input_shape) == 3 and model.num_classes >= 10:
+            (x, y), held_out = data.digits_as_images(model.input_shape, seed=args.seed)
+        else:
+            raise SystemExit(
+                f"--data digits: 64 features or images (channels, height, width) of 10 "
+                f"classes, but the model takes {model.input_shape} with "
+                f"{model.num_classes} classes")
+    else:
+        x, y = data.synthetic(args.samples, model.input_shape, model.num_classes, args.seed)
+    device = run_device(args.device, comm)
+    # the data set is small: on the stage's device once, not per micro-batch
+    stream = data.MicroBatches(x.to(device), y.to(device), plan.micro_batch,
+                               seed=args.seed)
+    limit = None
+    if args.steps:
+        limit = args.steps * plan.micro_batches_per_step
+    lr = learning_rate(args)
+    pipemare = pipemare_options(args, plan)
+    warmup = args.sync_warmup_epochs if plan.schedule == "async" else 0
+    pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
+                    lr=lr, momentum=args.momentum, seed=args.seed,
+                    vertical_sync=args.vertical_sync, compression=args.compression,
+                    staleness=args.staleness, pipemare=pipemare,
+                    recompute=recompute_stages(args.recompute),
+                    device=device)
+    start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
+    history = []
+    for epoch in range(start_epoch, start_epoch + args.epochs):
+        if warmup and epoch >= warmup and pipe.plan.schedule != "async":
+            # PipeMareW: the synchronous warm-up is over (or was, before a resume)
+            pipe.use_schedule("async")
+        bar = None
+        if pipe.last and pipe.replica == 0 and not args.no_progress:
+            from tqdm import tqdm
+
+            n = len(stream) if limit is None else min(len(stream), limit)
+            bar = tqdm(total=len([i for i in range(n)
+                                  if plan.replica_of(pipe.stage_id, i) == 0]),
+                       desc=f"epoch {epoch}", unit="mb", file=sys.stderr, leave=False)
+
+        def tick(mb: int, loss: float, bar=bar) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+
+        # without a bar, nothing reads each loss (on a GPU that would wait for it)
+        stats = pipe.train_epoch(stream, epoch, max_micro_batches=limit,
+                                 on_micro_batch=tick if bar is not None else None)
+        if bar is not None:
+            bar.close()
+        history.append(stats.to_dict())
+        held = ""
+        if held_out is not None:
+            test = pipe.evaluate(*held_out)
+            history[-1].update(test_loss=test.loss, test_accuracy=test.accuracy)
+            held = f" test accuracy {test.accuracy:.3f}"
+        if rank == 0:
+            util = " ".join(f"s{i}={u:.0%}" for i, u in enumerate(stats.stage_utilisation))
+            print(f"epoch {epoch}: loss {stats.loss:.4f} accuracy {stats.accuracy:.3f}"
+                  f"{held} | {stats.throughput_samples_per_s:.0f} samples/s | "
+                  f"utilisation {util}", flush=True)
+        # Every rank has the same loss (gathered), so all stop together.
+        if (why := diverged(stats.loss, epoch, lr)) is not None:
+            if rank == 0:
+                print(why, file=sys.stderr, flush=True)
+            pipe.close()
+            return 1
+        if args.save:
+            checkpoint.save(pipe, args.save)
+    if args.timeline:
+        out = tl.write(pipe.timeline, comm, args.timeline, epoch=pipe.epochs_done - 1,
+                       title=f"{args.model} {plan.schedule} {plan.num_stages} stages")
+        if out is not None:
+            print(f"timeline: {out / 'timeline.json'} {out / 'timeline.png'}")
+    if auto is not None and rank == 0 and history:
+        print(auto.summary(history[-1]["throughput_samples_per_s"], plan), flush=True)
+    if args.json and rank == 0 and history:
+        last = history[-1]
+        report = {
+            "model": args.model,
+            "plan": plan.to_dict(),
+            "throughput_samples_per_s": last["throughput_samples_per_s"],
+            "stage_utilisation": last["stage_utilisation"],
+            "utilisation_per_rank": last["utilisation"],
+            "peak_rss_mb": last["peak_rss_mb"],
+            "peak_stash_mb": last["peak_stash_mb"],
+            "peak_activation_mb": last["peak_activation_mb"],
+            "peak_saved_mb": last["peak_saved_mb"],
+            "weight_mb": last["weight_mb"],
+            "optimizer_state_mb": last["optimizer_state_mb"],
+            "peak_versions": last["peak_versions"],
+            "delays": pipe.delays if pipe.plan.schedule == "async" else None,
+            "loss": last["loss"],
+            "accuracy": last["accuracy"],
+            "test_accuracy": last.get("test_accuracy"),
+            "epochs": history,
+        }
+        if auto is not None:
+            report["auto_plan"] = auto.to_dict(last["throughput_samples_per_s"])
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    pipe.close()
+    return 0

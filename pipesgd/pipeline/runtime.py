@@ -12,6 +12,7 @@ When an action fails, the rank prints its schedule table with that action marked
 from __future__ import annotations
 
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,7 @@ from .timeline import Timeline
 
 LOOKAHEAD = 8  # actions ahead whose receives are posted early
 DATA_PARALLEL_BATCHES = 16  # distinct batches `data_parallel_iteration_s` cycles through
+CALIBRATION_RUNS = 4  # parts a calibration run is timed in, judged by their median
 
 
 @dataclass
@@ -606,17 +608,20 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
                        rounds: int = 24, budget_s: float = 2.0) -> float | None:
     """Seconds one update round of `model` takes when every rank of `comm` is a replica
     of it (the whole model as one stage, 1F1B-RR: each rank's forward, backward, the
-    gradient's ring all-reduce and the step), the mean of `rounds` after two of
-    warm-up, fewer (at least 4) where they would take longer than `budget_s`; the same
-    on every rank, None on a single rank. On the CPU with one torch thread, as the
-    profile runs.
+    gradient's ring all-reduce and the step): after two rounds of warm-up, `rounds` more
+    (fewer, at least 4, where they would take longer than `budget_s`) in four epochs;
+    the median epoch's seconds per round, of the slowest rank. The same on every rank,
+    None on a single rank. On the CPU with one torch thread, as the profile runs.
 
     Ranks that share cores lose more to a replicated round than its actions and its
     ring's bytes: the gradient's copy and the step find their data evicted after the
     wait, the engine's thread competes for the caches, and a ring step waits for both
     of its ranks to be on a core (`bench/replica_round.py` shows where it goes). The
     planner charges what this run took beyond its simulation to replicated stages
-    (`planner.fit_replica_overhead`). Collective."""
+    (`planner.fit_replica_overhead`). The median of four epochs keeps a spell the machine
+    spent elsewhere out of it (one epoch of a CNN's round took twice the others' time in
+    a launch, and its charge made the whole model's replicas predicted 45 % slow).
+    Collective."""
     size = comm.Get_size()
     if size < 2:
         return None
@@ -627,12 +632,14 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
         try:
             # epochs' seconds are the slowest rank's, so every rank picks the same count
             warm = pipe.train_epoch(_random_micro_batches(model, micro_batch, 2 * size), 0)
-            rounds = max(4, min(rounds, int(budget_s / max(warm.seconds / 2, 1e-9))))
-            data = _random_micro_batches(model, micro_batch, rounds * size)
-            stats = pipe.train_epoch(data, 1)
+            fit = int(budget_s / max(warm.seconds / 2, 1e-9))
+            each = max(1, min(rounds, fit) // CALIBRATION_RUNS)
+            data = _random_micro_batches(model, micro_batch, each * size)
+            seconds = [pipe.train_epoch(data, 1 + run).seconds / each
+                       for run in range(CALIBRATION_RUNS)]
         finally:
             pipe.close()
-    return stats.seconds / rounds
+    return statistics.median(seconds)
 
 
 def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
@@ -684,12 +691,11 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
         warm = run(3)
         # every rank must run as many: the slowest rank's warm-up decides
         per_step = comm.allreduce((warm[-1] - warm[0]) / 3, op=MPI.MAX)
-        runs = 4
-        each = max(1, min(steps, int(budget_s / max(per_step, 1e-9))) // runs)
-        stamps = run(runs * each)
-        seconds = sorted((stamps[(i + 1) * each] - stamps[i * each]) / each
-                         for i in range(runs))
-        return comm.allreduce((seconds[1] + seconds[2]) / 2, op=MPI.MAX)
+        each = max(1, min(steps, int(budget_s / max(per_step, 1e-9))) // CALIBRATION_RUNS)
+        stamps = run(CALIBRATION_RUNS * each)
+        seconds = [(stamps[(i + 1) * each] - stamps[i * each]) / each
+                   for i in range(CALIBRATION_RUNS)]
+        return comm.allreduce(statistics.median(seconds), op=MPI.MAX)
 
 
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:

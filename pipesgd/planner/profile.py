@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, astuple, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +116,7 @@ class ModelProfile:
                 raise TypeError(f"layer {i} is a {type(layer).__name__}, not a LayerProfile")
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
-        _check_figures(self, ("loss_s", "stage_overhead_s", "receive_delay_s",
-                              "cold_s_per_byte", "replica_s_per_byte", "step_excess_s"))
+        _check_figures(self, _MODEL_FIGURES)
 
     @classmethod
     def from_columns(
@@ -178,12 +177,7 @@ class ModelProfile:
             "layers": [asdict(layer) for layer in self.layers],
             "batch_size": self.batch_size,
             "source": self.source,
-            "loss_s": self.loss_s,
-            "stage_overhead_s": self.stage_overhead_s,
-            "receive_delay_s": self.receive_delay_s,
-            "cold_s_per_byte": self.cold_s_per_byte,
-            "replica_s_per_byte": self.replica_s_per_byte,
-            "step_excess_s": self.step_excess_s,
+            **{key: getattr(self, key) for key in _MODEL_FIGURES},
             **self.extra,
         }
 
@@ -194,8 +188,7 @@ class ModelProfile:
                 "a model profile is {'layers': [{'forward_s': ..., 'backward_s': ..., "
                 "'output_bytes': ..., 'param_bytes': ...}, ...], 'batch_size': ...}"
             )
-        known = {"layers", "batch_size", "source", "loss_s", "stage_overhead_s",
-                 "receive_delay_s", "cold_s_per_byte", "replica_s_per_byte", "step_excess_s"}
+        known = {"layers", "batch_size", "source", *_MODEL_FIGURES}
         try:
             layers = tuple(LayerProfile(**layer) for layer in data["layers"])
         except TypeError as err:
@@ -204,12 +197,7 @@ class ModelProfile:
             layers,
             batch_size=int(data.get("batch_size", 0)),
             source=str(data.get("source", "")),
-            loss_s=float(data.get("loss_s", 0.0)),
-            stage_overhead_s=float(data.get("stage_overhead_s", 0.0)),
-            receive_delay_s=float(data.get("receive_delay_s", 0.0)),
-            cold_s_per_byte=float(data.get("cold_s_per_byte", 0.0)),
-            replica_s_per_byte=float(data.get("replica_s_per_byte", 0.0)),
-            step_excess_s=float(data.get("step_excess_s", 0.0)),
+            **{key: float(data.get(key, 0.0)) for key in _MODEL_FIGURES},
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -219,6 +207,10 @@ class ModelProfile:
     @classmethod
     def load(cls, path: str | Path) -> ModelProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# The model-wide figures (floats, 0 where not measured), as named in the JSON too.
+_MODEL_FIGURES = tuple(f.name for f in fields(ModelProfile) if f.type == "float")
 
 
 # --------------------------------------------------------------------- measuring
