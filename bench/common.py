@@ -25,6 +25,11 @@ def mpirun() -> str:
     return found
 
 
+# How a script runs as an mpirun worker: `-m mpi4py` aborts the whole job when one rank
+# raises, so a failure ends the launch at once rather than at its time limit.
+PYTHON_UNDER_MPI = [sys.executable, "-m", "mpi4py"]
+
+
 def mpi_env(**extra: str) -> dict[str, str]:
     """This environment, allowed to run mpirun as root (containers), plus `extra`."""
     env = dict(os.environ)

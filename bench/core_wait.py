@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from common import RESULTS, mpi_env, parse_size, write_json
+    from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, parse_size, write_json
     from netem import mpirun_over_netem, unavailable_reason
 
     if (why := unavailable_reason()) is not None:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         rate, _, burst = link.partition(":")
         with tempfile.TemporaryDirectory(prefix="pipesgd-core-wait-") as tmp:
             out = Path(tmp) / "records.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--worker",
+            cmd = [*PYTHON_UNDER_MPI, str(Path(__file__).resolve()), "--worker",
                    str(parse_size(args.size)), str(out)]
             run = mpirun_over_netem(cmd, np=args.np, rate=rate, burst=burst or None,
                                     env=mpi_env(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import mpi_env, mpirun
+from common import PYTHON_UNDER_MPI, mpi_env, mpirun
 
 
 def run_launches(script: Path, np_: int, launches: int, script_args: list[str],
@@ -29,7 +28,7 @@ def run_launches(script: Path, np_: int, launches: int, script_args: list[str],
     with tempfile.TemporaryDirectory(prefix="pipesgd-launches-") as tmp:
         for k in range(launches):
             record = Path(tmp) / f"launch{k}.json"
-            cmd = [mpirun(), "--oversubscribe", "-n", str(np_), sys.executable, str(script),
+            cmd = [mpirun(), "--oversubscribe", "-n", str(np_), *PYTHON_UNDER_MPI, str(script),
                    *script_args, "--record", str(record)]
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,

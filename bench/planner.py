@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, mpi_env, mpirun, print_table, write_json
+from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, mpirun, print_table, write_json
 
 HERE = Path(__file__).resolve()
 MEDIAN_ERROR, WORST_ERROR, PICK_WITHIN = 0.15, 0.30, 0.05
@@ -200,7 +200,7 @@ def worker(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- driver
 def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
     link, ranks = scenario.split("-p")
-    inner = [sys.executable, str(HERE), "--worker", "--out", str(out), "--models",
+    inner = [*PYTHON_UNDER_MPI, str(HERE), "--worker", "--out", str(out), "--models",
              args.models, "--rounds", str(args.rounds), "--per-shape", str(args.per_shape),
              "--micro-batches", str(args.micro_batches)]
     if link == "shm":

@@ -202,11 +202,11 @@ def median_profile(profiles: list) -> Any:
 
 def run_scenario(scenario: Scenario, out: Path, timeout: float) -> dict:
     model = scenario.model
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model,
-           str(BATCH[PACE[model]]), str(scenario.bucket_mb), str(out)]
     sys.path.insert(0, str(ROOT / "bench"))
-    from common import mpi_env, mpirun
+    from common import PYTHON_UNDER_MPI, mpi_env, mpirun
 
+    cmd = [*PYTHON_UNDER_MPI, str(Path(__file__).resolve()), "--worker", model,
+           str(BATCH[PACE[model]]), str(scenario.bucket_mb), str(out)]
     env = mpi_env(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     if scenario.rate is None:
         subprocess.run([mpirun(), "--oversubscribe", "-n", str(scenario.p), *cmd],

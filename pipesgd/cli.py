@@ -21,7 +21,11 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="pipesgd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pipesgd",
+        description="Faster data-parallel and pipeline-parallel training where the network is "
+                    "slower than the accelerators. Run train and pipeline under mpirun; "
+                    "`pipesgd COMMAND --help` for each command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in SUBCOMMANDS.items():
         # Build only the parser that is asked for: modules import torch.
