@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipesgd.agreement import failure_anywhere
 from pipesgd.buffers import COMPRESSIONS
 from pipesgd.device import add_device_argument
 from pipesgd.model_names import BUILTIN, HELP, load_model_function
@@ -186,15 +187,20 @@ def run(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     base = config_from_args(args)
-    try:
+
+    def check_options() -> None:
         check_auto_options(args)
-        presets = parse_presets(args.compare) if args.compare else []
+        if args.compare:
+            parse_presets(args.compare)
         if args.model not in BUILTIN:
             load_model_function(args.model)  # fail here, with a message, not mid-run
-    except ValueError as exc:
+
+    # every rank checks (a model's module may be missing on one node) and all stop alike
+    if (why := failure_anywhere(comm, check_options)) is not None:
         if comm.rank == 0:
-            print(f"pipesgd train: {exc}")
+            print(f"pipesgd train: {why}")
         return 2
+    presets = parse_presets(args.compare) if args.compare else []
     if presets and (args.checkpoint or args.resume):
         if comm.rank == 0:
             print("pipesgd train: --compare runs several jobs; drop --checkpoint/--resume")
