@@ -67,13 +67,21 @@ def test_a_model_one_rank_cannot_import_stops_every_rank_with_its_message(
 
 
 class Ranks:
-    """`allgather` over the ranks' values, as every rank of a communicator sees it."""
+    """Rank 0 of a communicator whose other ranks' checks failed with `values` (None:
+    passed), this rank's own outcome in place of the first."""
 
     def __init__(self, values: list[str | None]) -> None:
         self.values = values
 
-    def allgather(self, _mine: str | None) -> list[str | None]:
-        return self.values
+    def Get_rank(self) -> int:
+        return 0
+
+    def Get_size(self) -> int:
+        return len(self.values)
+
+    def allgather(self, mine: tuple) -> list[tuple]:
+        others = [(None if v is None else ("ValueError", v), None) for v in self.values[1:]]
+        return [mine, *others]
 
 
 def test_failure_anywhere_names_the_first_rank_unless_all_failed_alike() -> None:
@@ -81,7 +89,7 @@ def test_failure_anywhere_names_the_first_rank_unless_all_failed_alike() -> None
         raise ValueError("no such file")
 
     assert failure_anywhere(Ranks([None, None]), lambda: None) is None
-    assert failure_anywhere(Ranks([None, "no such file", "other"]), fails) == \
+    assert failure_anywhere(Ranks([None, "no such file", "other"]), lambda: None) == \
         "rank 1: no such file"
     assert failure_anywhere(Ranks(["no such file"] * 3), fails) == "no such file"
     with pytest.raises(KeyError):  # not one of the errors it agrees on: raised here

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pipesgd.agreement import on_every_rank
 from pipesgd.durable import fsync_dir as _fsync_dir
 from pipesgd.durable import write_file as _write_file
 
@@ -124,20 +125,14 @@ def _on_every_rank(pipe: Pipeline, what: str, step: Callable[[], Any]) -> Any:
     """Run `step` here; if it raised on any rank, raise on every rank (the rank that
     failed re-raises its own error), so that no rank waits for a failed one. Returns
     rank 0's result on every rank (one collective carries both)."""
-    error = None
-    try:
-        result = step()
-    except Exception as exc:  # reported to every rank below
-        error, result = exc, None
-    message = None if error is None else f"{type(error).__name__}: {error}"
-    outcomes = pipe.comm.allgather((message, result if pipe.rank == 0 else None))
-    if error is not None:
-        raise error
-    for rank, (failed, _) in enumerate(outcomes):
-        if failed is not None:
-            raise CheckpointError(f"checkpoint not saved: rank {rank} failed to {what} "
-                                  f"({failed})")
-    return outcomes[0][1]
+    outcome = on_every_rank(pipe.comm, step)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.failures:
+        rank, kind, message = outcome.failures[0]
+        raise CheckpointError(f"checkpoint not saved: rank {rank} failed to {what} "
+                              f"({kind}: {message})")
+    return outcome.result
 
 
 def _prepare(target: Path) -> Path:

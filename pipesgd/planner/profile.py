@@ -209,8 +209,9 @@ class ModelProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-# The model-wide figures (floats, 0 where not measured), as named in the JSON too.
-_MODEL_FIGURES = tuple(f.name for f in fields(ModelProfile) if f.type == "float")
+# The model-wide figures (floats, 0 where not measured), as named in the JSON too; a
+# field's type reads "float" under postponed annotations, `float` without them.
+_MODEL_FIGURES = tuple(f.name for f in fields(ModelProfile) if f.type in ("float", float))
 
 
 # --------------------------------------------------------------------- measuring
