@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import torch
 from mpi4py import MPI
+
+from pipesgd.agreement import failure_anywhere
 
 
 def _node(comm: MPI.Comm | None) -> MPI.Comm:
@@ -59,17 +62,28 @@ DEVICES = ("cpu", "cuda")
 
 def run_device(name: str, comm: MPI.Comm | None = None) -> torch.device:
     """The device a run asked for by name computes on: the CPU, or this rank's GPU
-    (`device`). Collective over `comm` for "cuda".
+    (`device`). Collective over `comm` (default COMM_WORLD) for "cuda": every rank
+    learns whether CUDA is available on every node, so a node without it stops them all
+    alike instead of leaving the others waiting in `device`'s collective.
 
     Raises:
-        ValueError: an unknown name, or "cuda" where CUDA is not available.
+        ValueError: an unknown name, or "cuda" where CUDA is not available on some rank
+            (naming it).
     """
     if name not in DEVICES:
         raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available on this machine: "
-                         "use --device cpu")
-    return device(comm) if name == "cuda" else torch.device("cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+
+    def check_cuda() -> None:
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device cuda, but CUDA is not available on "
+                             f"{socket.gethostname()}: use --device cpu")
+
+    if (why := failure_anywhere(MPI.COMM_WORLD if comm is None else comm, check_cuda,
+                                errors=(ValueError,))) is not None:
+        raise ValueError(why)
+    return device(comm)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,12 @@
 """Node-local ranks under mpirun: every rank of this one machine is on one node, so the
 local rank is the global one; on a sub-communicator it is the position within it.
-Usage: device_placement.py"""
+A node without CUDA stops every rank alike. Usage: device_placement.py"""
 
 import torch
 from mpi4py import MPI
 
 import pipesgd
+from pipesgd.device import run_device
 
 comm = MPI.COMM_WORLD
 assert pipesgd.local_size() == comm.size, pipesgd.local_size()
@@ -15,5 +16,19 @@ assert pipesgd.local_rank(odd) == odd.rank and pipesgd.local_size(odd) == odd.si
 expected = (torch.device("cuda", comm.rank % torch.cuda.device_count())
             if torch.cuda.is_available() else torch.device("cpu"))
 assert pipesgd.device() == expected, pipesgd.device()
+
+# A node without CUDA (rank 1's here) stops every rank with its name, before any of them
+# enters device()'s collective.
+real_is_available = torch.cuda.is_available
+torch.cuda.is_available = lambda: comm.rank != 1
+try:
+    run_device("cuda", comm)
+except ValueError as err:
+    assert str(err).startswith("rank 1: --device cuda, but CUDA is not available on "), err
+else:
+    raise AssertionError("run_device('cuda') went on where rank 1 has no CUDA")
+finally:
+    torch.cuda.is_available = real_is_available
+assert run_device("cpu", comm) == torch.device("cpu")
 if comm.rank == 0:
     print(f"device_placement: ok on {comm.size} ranks")
