@@ -1,5 +1,6 @@
 """The timing model: each equation against hand-computed values, edge cases, `choose`."""
 
+import dataclasses
 import math
 import time
 
@@ -184,6 +185,56 @@ def test_load_latency_delays_pipe_sgd_communication_that_overlaps_compute():
     assert M.loaded_comm_seconds(0.01, 0.05, 0.02) == pytest.approx(0.03)
     with pytest.raises(ValueError, match="load_latency_s"):
         net(load_latency_s=-1e-3)
+
+
+def test_unshared_fraction_is_the_comm_threads_demand_beyond_their_fair_share():
+    # 4 ranks on 2 cores, one compute thread each: the 4 comm threads' fair share beside
+    # the 4 compute threads is half the cores. u = R W_cpu / (C W).
+    wall = 0.01
+    assert M.unshared_fraction(wall / 2, wall, 4, 2, 1) == pytest.approx(1.0)      # u = 1
+    assert M.unshared_fraction(0.375 * wall, wall, 4, 2, 1) == pytest.approx(0.5)  # 0.75
+    assert M.unshared_fraction(0.25 * wall, wall, 4, 2, 1) == 0.0                  # 0.5
+    assert M.unshared_fraction(wall, wall, 4, 2, 1) == 1.0           # capped at 1
+    # three compute threads per rank leave the comm threads a quarter: u = 0.625
+    assert M.unshared_fraction(0.3125 * wall, wall, 4, 2, 3) == pytest.approx(0.5)
+    # free cores (a GPU cluster: C >= R (t + 1)) and no communication share nothing
+    assert M.unshared_fraction(wall, wall, 4, 8, 1) == 0.0
+    assert M.unshared_fraction(0.0, 0.0, 4, 2, 1) == 0.0
+
+
+def test_pipe_sgd_hides_nothing_where_the_comm_threads_alone_take_the_cores():
+    # 4 ranks on 2 cores over a link whose every wire byte costs its comm thread 0.6 of
+    # its wire time in CPU (softirqs on a TCP link without a token bucket): alone, the four
+    # comm threads keep both cores busy, so beside compute the allreduce runs as if after
+    # it, as D-Sync's does.
+    fast = prof(forward_s=1e-3, backward_s=2e-3, update_s=5e-4)
+    busy = net(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=6e-10, load_latency_s=2e-3)
+    pipe = predict(fast, busy, 4, staleness=2)
+    sync = predict(fast, busy, 4, staleness=1)
+    assert pipe.details["unshared_fraction"] == 1.0
+    assert pipe.predicted_s == pytest.approx(sync.predicted_s)
+    assert pipe.predicted_s == pytest.approx(pipe.compute_s + pipe.comm_s + 2e-3)
+    assert pipe.bound == "cpu" and "does not overlap" in pipe.reason
+    assert sum(pipe.breakdown.values()) == pytest.approx(pipe.predicted_s)
+    # a link whose bytes cost a sixth of that leaves compute room: the comm threads keep
+    # about 0.2 of the cores busy, under their half, and the ring overlaps
+    light = dataclasses.replace(busy, beta_cpu_s_per_byte=1e-10)
+    overlapped = predict(fast, light, 4, staleness=2)
+    assert overlapped.details["unshared_fraction"] == 0.0
+    assert overlapped.predicted_s < predict(fast, light, 4, staleness=1).predicted_s
+    assert overlapped.predicted_s == pytest.approx(max(
+        overlapped.compute_s, overlapped.comm_s + overlapped.details["load_delay_s"],
+        overlapped.details["cpu_bound_s"]))
+    # between the two, the prediction lies the unshared fraction of the way to serial
+    half = dataclasses.replace(busy, beta_cpu_s_per_byte=3.6e-10)
+    mid = predict(fast, half, 4, staleness=2)
+    f = mid.details["unshared_fraction"]
+    assert 0.0 < f < 1.0
+    serial = mid.compute_s + mid.comm_s + 2e-3
+    alone = max(mid.compute_s, mid.comm_s + mid.details["load_delay_s"],
+                mid.details["cpu_bound_s"])
+    assert mid.predicted_s == pytest.approx(f * serial + (1 - f) * alone)
+    assert sum(mid.breakdown.values()) == pytest.approx(mid.predicted_s)
 
 
 @pytest.mark.parametrize("p, waits", [(2, False), (3, True), (4, True)])

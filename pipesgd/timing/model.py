@@ -46,6 +46,14 @@ Extensions (`ring_allreduce_cost`, `predict`):
   allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
   without it, in every compression mode). Two ranks on two cores leave a core free, and
   D-Sync charged λ_load there ran high (docs/timing_model.md).
+* Comm threads beyond their fair share (`unshared_fraction`): alone, the R comm threads
+  of a host keep u = R W_cpu / (C W) of its cores busy. Beside R t compute threads their
+  fair share is 1 / (t + 1) of the cores; the part of their demand beyond it,
+  f = (u - 1/(t+1)) / (1 - 1/(t+1)), does not overlap with compute: Pipe-SGD's iteration
+  is f of the way from the overlapped one above to D-Sync's compute + W + λ_load. (TCP
+  links without a token bucket, 2 ranks per core: the kernel's packet work keeps the
+  cores busy while the ring runs alone, u 0.7-1.0, and Pipe-SGD ran level with D-Sync;
+  docs/timing_model.md.)
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
@@ -231,6 +239,21 @@ def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> floa
     if delay_s <= 0 or comm_s <= 0:
         return comm_s
     return comm_s + delay_s * min(1.0, compute_s / (comm_s + delay_s))
+
+
+def unshared_fraction(comm_cpu_s: float, comm_wall_s: float, ranks: int, cores: int,
+                      threads: int) -> float:
+    """How much of an allreduce beside compute runs as if after it, on shared cores.
+
+    The R comm threads of a host keep u = R W_cpu / (C W) of its C cores busy while
+    their allreduce of W seconds runs alone. Beside R t compute threads their fair share
+    is 1 / (t + 1) of the cores; the part of their demand beyond it, (u - 1/(t+1)) /
+    (1 - 1/(t+1)), does not overlap with compute (0 with free cores)."""
+    if comm_wall_s <= 0 or ranks * (threads + 1) <= cores:
+        return 0.0
+    busy = ranks * comm_cpu_s / (cores * comm_wall_s)
+    fair = 1.0 / (threads + 1)
+    return min(1.0, max(0.0, (busy - fair) / (1.0 - fair)))
 
 
 def core_wait_seconds(cost: RingCost, p: int, net: NetworkParams) -> float:
@@ -495,6 +518,12 @@ def predict(
     bound: str
     burst_s = 0.0
     loaded = comm_wall
+    # The last ring step of the ranks that leave an allreduce last waits for a core, if
+    # the ranks that left first keep every core of the host busy (D-Sync, and what of
+    # Pipe-SGD's allreduce runs after compute).
+    cores_taken = (R - 1) * t + 1 > C
+    last_step_wait = network.load_latency_s if p > 1 and cores_taken else 0.0
+    unshared = unshared_fraction(total.cpu, comm_wall, R, C, t) if staleness > 1 else 0.0
     if staleness == 1:
         # The link idled from the last allreduce until the first bucket leaves.
         idle = (update + l_for + buckets[0][1] * l_back) * s_comp
@@ -514,10 +543,6 @@ def predict(
         breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
         breakdown["staging"] = stage_s * share
-        # the last ring step of the ranks that leave the allreduce last waits for a core,
-        # if the ranks that left first keep every core of the host busy
-        cores_taken = (R - 1) * t + 1 > C
-        last_step_wait = network.load_latency_s if p > 1 and cores_taken else 0.0
         loaded = comm_wall + last_step_wait
         breakdown["contention"] = contention_compute + last_step_wait
         iteration = compute_wall + tail + last_step_wait
@@ -529,8 +554,17 @@ def predict(
     else:
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
                                      sum(core_wait_seconds(c, p, network) for c in costs))
-        iteration = max(compute_wall, loaded, cpu_bound)
-        if loaded >= max(compute_wall, cpu_bound) and loaded > compute_work:
+        overlapped = max(compute_wall, loaded, cpu_bound)
+        serial = compute_wall + comm_wall + last_step_wait
+        iteration = max(overlapped, unshared * serial + (1 - unshared) * overlapped)
+        if iteration > overlapped:
+            exposed = min(comm_wall, iteration - compute_wall)
+            breakdown["communication"] = exposed * wire_s / comm_wall
+            breakdown["compression"] = exposed * kern_s / comm_wall
+            breakdown["staging"] = exposed * stage_s / comm_wall
+            breakdown["contention"] = iteration - compute_work - exposed
+            bound = "cpu"
+        elif loaded >= max(compute_wall, cpu_bound) and loaded > compute_work:
             exposed = loaded - compute_work
             breakdown["communication"] = exposed * wire_s / loaded
             breakdown["compression"] = exposed * kern_s / loaded
@@ -548,7 +582,10 @@ def predict(
            f"L={len(buckets)})")
     if loaded > comm_wall:
         why += f", {loaded * ms:.2f} ms while compute keeps the shared cores busy"
-    if bound == "cpu":
+    if bound == "cpu" and staleness > 1 and iteration > max(compute_wall, loaded, cpu_bound):
+        why += (f"; {R} comm threads want more than their fair share of {C} cores beside "
+                f"{R * t} compute threads: {unshared:.0%} of the allreduce does not overlap")
+    elif bound == "cpu":
         why += (f"; {R} ranks x ({t} compute + 1 comm thread) share {C} cores: CPU work "
                 f"{cpu_bound * ms:.2f} ms per iteration binds")
     elif s_comp > 1:
@@ -577,6 +614,7 @@ def predict(
             "load_delay_s": loaded - comm_wall,
             "comm_cpu_s": total.cpu,
             "cpu_bound_s": cpu_bound,
+            "unshared_fraction": unshared,
             "compute_stretch": s_comp,
             "kernel_stretch": s_comm,
             "ranks_per_host": R,
