@@ -524,6 +524,7 @@ def predict(
     cores_taken = (R - 1) * t + 1 > C
     last_step_wait = network.load_latency_s if p > 1 and cores_taken else 0.0
     unshared = unshared_fraction(total.cpu, comm_wall, R, C, t) if staleness > 1 else 0.0
+    serialized = False  # Pipe-SGD's iteration set by the part of its allreduce unshared
     if staleness == 1:
         # The link idled from the last allreduce until the first bucket leaves.
         idle = (update + l_for + buckets[0][1] * l_back) * s_comp
@@ -557,7 +558,8 @@ def predict(
         overlapped = max(compute_wall, loaded, cpu_bound)
         serial = compute_wall + comm_wall + last_step_wait
         iteration = max(overlapped, unshared * serial + (1 - unshared) * overlapped)
-        if iteration > overlapped:
+        serialized = iteration > overlapped
+        if serialized:
             exposed = min(comm_wall, iteration - compute_wall)
             breakdown["communication"] = exposed * wire_s / comm_wall
             breakdown["compression"] = exposed * kern_s / comm_wall
@@ -582,7 +584,7 @@ def predict(
            f"L={len(buckets)})")
     if loaded > comm_wall:
         why += f", {loaded * ms:.2f} ms while compute keeps the shared cores busy"
-    if bound == "cpu" and staleness > 1 and iteration > max(compute_wall, loaded, cpu_bound):
+    if serialized:
         why += (f"; {R} comm threads want more than their fair share of {C} cores beside "
                 f"{R * t} compute threads: {unshared:.0%} of the allreduce does not overlap")
     elif bound == "cpu":
