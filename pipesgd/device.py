@@ -77,8 +77,8 @@ def run_device(name: str, comm: MPI.Comm | None = None) -> torch.device:
 
     def check_cuda() -> None:
         if not torch.cuda.is_available():
-            raise ValueError(f"--device cuda, but CUDA is not available on "
-                             f"{socket.gethostname()}: use --device cpu")
+            raise ValueError("--device cuda, but CUDA is not available on this machine "
+                             f"({socket.gethostname()}): use --device cpu")
 
     if (why := failure_anywhere(MPI.COMM_WORLD if comm is None else comm, check_cuda,
                                 errors=(ValueError,))) is not None:
