@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mpirun import ROOT, SCRIPTS, mpi_env
+from mpirun import ROOT, SCRIPTS, mpi_env, mpirun_command
 
 
 def _load_netem():
@@ -171,8 +171,9 @@ def test_comm_thread_sleeps_longer_while_segments_stream(net3) -> None:
 
 
 def _tcp_eager_limit() -> int:
-    """Open MPI's TCP eager limit, from its own parameter listing (`ompi_info`)."""
-    ompi_info = Path(sys.executable).parent / "ompi_info"
+    """Open MPI's TCP eager limit, from its own parameter listing (`ompi_info`, beside
+    the `mpirun` the tests launch: the wheel's in the venv, or a cluster's own)."""
+    ompi_info = Path(mpirun_command(1)[0]).with_name("ompi_info")
     out = subprocess.run([str(ompi_info), "--param", "btl", "tcp", "--level", "9",
                           "--parsable"], capture_output=True, text=True, check=True,
                          timeout=60).stdout
