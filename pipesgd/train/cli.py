@@ -188,10 +188,11 @@ def run(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD
     base = config_from_args(args)
 
+    presets: list[str] = []
+
     def check_options() -> None:
         check_auto_options(args)
-        if args.compare:
-            parse_presets(args.compare)
+        presets.extend(parse_presets(args.compare) if args.compare else [])
         if args.model not in BUILTIN:
             load_model_function(args.model)  # fail here, with a message, not mid-run
 
@@ -200,7 +201,6 @@ def run(args: argparse.Namespace) -> int:
         if comm.rank == 0:
             print(f"pipesgd train: {why}")
         return 2
-    presets = parse_presets(args.compare) if args.compare else []
     if presets and (args.checkpoint or args.resume):
         if comm.rank == 0:
             print("pipesgd train: --compare runs several jobs; drop --checkpoint/--resume")
