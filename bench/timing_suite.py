@@ -52,8 +52,11 @@ RESULTS = ROOT / "bench" / "results"
 # Models of a few ms per iteration take the MLP's; of a hundred ms or more, the CNN's.
 STEPS = {"mlp": (2, 10), "cnn": (4, 2)}
 # Enough rounds that configurations the model calls equal (one bucket either way) are
-# not told apart by noise alone: MLP iterations are a few ms on a 2-core VM.
-ROUNDS = {"mlp": 12, "cnn": 5}
+# not told apart by noise alone: MLP iterations are a few ms on a 2-core VM, and one
+# round's median of a compressed configuration moves by +-20 % (1 Gbit/s, 1 MiB bucket,
+# p = 4: D-Sync+Q's twelve read 5.6-8.5 ms, its overlapped twin's 5.9-10.6), so twelve
+# rounds left twins 5-9 % apart; the median's error shrinks as the root of the rounds.
+ROUNDS = {"mlp": 30, "cnn": 5}
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
 BATCH = {"mlp": 64, "cnn": 32}
@@ -154,8 +157,11 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             staleness=cfg.staleness, compression=cfg.compression, overlap=cfg.overlap,
             bucket_mb=bucket_mb, engine=engine, comm=comm)
         runs.append((cfg, model, opt, []))
-    for _ in range(ROUNDS[pace]):
-        for _cfg, model, opt, times in runs:
+    for round_index in range(ROUNDS[pace]):
+        # Each round starts one configuration later, so none always follows the same
+        # neighbour (whose traffic leaves the link's token bucket drained or refilled).
+        first = round_index % len(runs)
+        for _cfg, model, opt, times in runs[first:] + runs[:first]:
             comm.Barrier()
             for step in range(warmup + timed):
                 begin = time.perf_counter()
