@@ -56,11 +56,11 @@ def worker(nbytes: int, out: str) -> None:
 
     import pipesgd
     from pipesgd.polling import idle_barrier
-    from pipesgd.timing.network import _Spinner
+    from pipesgd.timing.host_costs import Spinner
 
     comm = MPI.COMM_WORLD
     engine = pipesgd.Engine(comm)
-    spinner = _Spinner()
+    spinner = Spinner()
 
     def spin(units: int) -> None:
         for _ in range(units):

@@ -8,7 +8,7 @@ multiplicative noise, on the doubling sizes the probe sends; the fit must recove
 import numpy as np
 import pytest
 
-from pipesgd.timing.network import _burst_sweep, _on_rate_line, fit_token_bucket
+from pipesgd.timing.token_bucket import _burst_sweep, _on_rate_line, fit_token_bucket
 
 BETA = 40e-9  # 200 Mbit/s
 C = 0.1e-3

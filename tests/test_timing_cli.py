@@ -102,7 +102,7 @@ def test_the_network_table_flags_a_noisy_figure():
 def test_load_latency_and_its_spread_from_paired_repetitions():
     """λ_load is the median over ranks of each rank's median extra, per ring step; the
     spread is the pairs' interquartile range over that extra."""
-    from pipesgd.timing.network import load_latency_from
+    from pipesgd.timing.host_costs import load_latency_from
 
     idle = [[1e-3] * 8, [2e-3] * 8]
     loaded = [[5e-3] * 8, [4e-3] * 8]  # extras 4 and 2 ms: median 3 ms over 2 steps

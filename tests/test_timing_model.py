@@ -405,14 +405,14 @@ def test_profile_scaled_and_round_trip(tmp_path):
 
 
 def test_per_wire_byte_slope_less_reduction_by_hand():
-    from pipesgd.timing.network import _per_wire_byte
+    from pipesgd.timing.link_probes import per_wire_byte
 
     # p = 4: 2(p-1)/p = 1.5 wire bytes and (p-1)/p = 0.75 reduced bytes per buffer byte.
     sizes, gamma = (1000, 3000), 1e-9
     cost = {1000: 1e-5, 3000: 1e-5 + 2000 * (1.5 * 4e-9 + 0.75 * gamma)}
-    assert _per_wire_byte(cost, sizes, 4, gamma) == pytest.approx(4e-9)
+    assert per_wire_byte(cost, sizes, 4, gamma) == pytest.approx(4e-9)
     # noise that makes the larger size cheaper gives 0, never a negative cost
-    assert _per_wire_byte({1000: 2e-5, 3000: 1e-5}, sizes, 4, gamma) == 0.0
+    assert per_wire_byte({1000: 2e-5, 3000: 1e-5}, sizes, 4, gamma) == 0.0
 
 
 def test_kernel_costs_from_before_the_fused_owner_hop():
@@ -527,7 +527,7 @@ def test_device_copy_rate_described_and_checked():
 
 
 def test_nothing_is_staged_from_the_cpu():
-    from pipesgd.timing.network import measure_device_copy
+    from pipesgd.timing.host_costs import measure_device_copy
 
     assert measure_device_copy("cpu") == 0.0
 

@@ -216,7 +216,7 @@ def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:
     and, on a GPU `device`, its copy rate to the host (δ); a description; the measured
     `NetworkParams`). Collective."""
     from pipesgd.planner.topology import from_network
-    from pipesgd.timing.network import measure_network
+    from pipesgd.timing.measure import measure_network
 
     net = measure_network(comm, repeats=NETWORK_REPEATS, device=device)
     return from_network(net, comm.Get_size()), (

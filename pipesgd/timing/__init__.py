@@ -1,6 +1,9 @@
 """Timing model of data-parallel training (Pipe-SGD eqs. 2-7): measure, predict, choose.
 
-    network.py   NetworkParams, measure_network(comm)      α, β, γ, S, kernels, host
+    network.py   NetworkParams                              α, β, γ, S, kernels, host
+    measure.py   measure_network(comm), from the probes in
+                 link_probes.py (α, β, eager), token_bucket.py (burst),
+                 host_costs.py (γ, kernels, δ, β_cpu, load latency)
     profile.py   Profile, profile(model, batch, optimizer)  l_for, l_back, l_up, n
     model.py     predict(...), choose(...), the equations   iteration time per config
     cluster.py   describe_cluster("10Gbit", "20us"), CLUSTERS   clusters given by hand
@@ -17,6 +20,7 @@ from pipesgd.timing.cluster import (
     parse_bandwidth,
     parse_duration,
 )
+from pipesgd.timing.measure import measure_network
 from pipesgd.timing.model import (
     Config,
     Prediction,
@@ -25,7 +29,7 @@ from pipesgd.timing.model import (
     predict,
     ring_allreduce_cost,
 )
-from pipesgd.timing.network import KernelCosts, NetworkParams, measure_network
+from pipesgd.timing.network import KernelCosts, NetworkParams
 from pipesgd.timing.paper import ps_sync, reproduce_paper
 from pipesgd.timing.profile import Profile, profile, profile_named
 

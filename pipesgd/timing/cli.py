@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from pipesgd.timing.network import measure_network
+    from pipesgd.timing.measure import measure_network
 
     device = run_device(args.device, MPI.COMM_WORLD)
     net = measure_network(MPI.COMM_WORLD, repeats=args.repeats, device=device)

@@ -25,6 +25,7 @@ from mpi4py import MPI
 
 from pipesgd.device import run_device
 from pipesgd.polling import decided_on_root
+from pipesgd.timing.measure import measure_network
 from pipesgd.timing.model import (
     DEFAULT_BUCKET_BYTES,
     TIE_TOLERANCE,
@@ -34,7 +35,7 @@ from pipesgd.timing.model import (
     predict,
     ranking_key,
 )
-from pipesgd.timing.network import NetworkParams, measure_network
+from pipesgd.timing.network import NetworkParams
 from pipesgd.timing.profile import Profile, profile
 from pipesgd.timing.report import format_ranking
 from pipesgd.train.loop import TrainConfig, build_optimizer, prepare

@@ -71,24 +71,25 @@ def main() -> int:
         return 3
     if pattern == "burst":
         import pipesgd
-        from pipesgd.timing.network import _measure_burst, _measure_ring_beta
+        from pipesgd.timing.link_probes import measure_ring_beta
+        from pipesgd.timing.token_bucket import measure_burst
 
         # as measure_network runs it across nodes: β from the engine's ring (its
         # reductions, γ, are negligible beside these links), then the burst in the
         # engine's segments, polite waits on shared cores
         engine = pipesgd.Engine(comm)
         segment, polite = engine.segment_bytes, size > (os.cpu_count() or 1)
-        beta, _ = _measure_ring_beta(comm, engine, (4 << 20, 16 << 20), 5, gamma=0.0)
-        burst, _ = _measure_burst(comm, beta, repeats=6, segment=segment, polite=polite)
+        beta, _ = measure_ring_beta(comm, engine, (4 << 20, 16 << 20), 5, gamma=0.0)
+        burst, _ = measure_burst(comm, beta, repeats=6, segment=segment, polite=polite)
         engine.shutdown()
         if rank == 0:
             print(json.dumps({"pattern": pattern, "burst_bytes": burst, "beta": beta}),
                   flush=True)
         return 0
     if pattern == "eager":
-        from pipesgd.timing.network import _measure_eager
+        from pipesgd.timing.link_probes import measure_eager
 
-        eager = _measure_eager(comm, peer=1)
+        eager = measure_eager(comm, peer=1)
         if rank == 0:
             print(json.dumps({"pattern": pattern, "eager_bytes": eager}), flush=True)
         return 0

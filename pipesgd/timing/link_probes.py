@@ -1,0 +1,223 @@
+"""The ranks' side of a link, probed with MPI point-to-point: α (a small ping-pong),
+β (a ring step, or the engine's own allreduce between nodes), the transport's eager
+limit, and the link inside a node where ranks span several. `measure_network` runs them;
+`pipesgd.timing.token_bucket` times its transfers with `ping_pong`.
+
+Every probe is collective over its communicator: each rank calls it, and each returns
+the same figures on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipesgd.timing.spread import median_spread
+
+_POLITE_POLL_S = 50e-6  # the engine's PIPESGD_POLL_US default
+
+
+def _wait(requests: list[Any], polite: bool) -> None:
+    """Wait for every request; politely (test, then sleep) where ranks share cores, since
+    a rank spinning in MPI's Waitall takes the core from the ranks whose transfers it
+    waits for."""
+    from mpi4py import MPI
+
+    from pipesgd.polling import Polling, wait_politely
+
+    if polite:
+        wait_politely(requests, Polling(spin_s=0.0, poll_s=_POLITE_POLL_S))
+    else:
+        MPI.Request.Waitall(requests)
+
+
+def _segments(buf: Any, segment: int) -> list[Any]:
+    return [buf[o : o + segment] for o in range(0, len(buf), segment)]
+
+
+def node_key() -> str:
+    """What identifies this process's node: ranks that share a host name and a network
+    namespace share a network stack and its links (`bench/netem.py --nodes` gives each
+    emulated node a namespace of its own on one host)."""
+    import socket
+
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()}|{netns}"
+
+
+def ping_pong(comm: Any, out: Any, back: Any, segment: int | None = None,
+               polite: bool = False, peer: int = 1) -> float:
+    """Rank 0 sends `out` to rank `peer` (in `segment`-byte messages, as the engine does,
+    if given), which answers with `back`; the time this rank spent."""
+    rank = comm.Get_rank()
+    pieces = _segments(out, segment) if segment else [out]
+    start = time.perf_counter()
+    if rank == 0:
+        _wait([comm.Isend(piece, dest=peer, tag=1) for piece in pieces], polite)
+        comm.Recv(back, source=peer, tag=2)
+    elif rank == peer:
+        _wait([comm.Irecv(piece, source=0, tag=1) for piece in pieces], polite)
+        comm.Send(back, dest=0, tag=2)
+    return time.perf_counter() - start
+
+
+def measure_alpha(comm: Any, small_bytes: int, repeats: int, peer: int) -> tuple[float, float]:
+    """α and its spread: half the round trip of a small ping-pong, rank 0 and `peer`."""
+    import numpy as np
+
+    buf = np.zeros(small_bytes, dtype=np.uint8)
+    samples = []
+    for i in range(repeats * 10 + 20):
+        comm.Barrier()
+        round_trip = ping_pong(comm, buf, buf, peer=peer)
+        if i >= 20:
+            samples.append(round_trip / 2)
+    return median_spread(comm.bcast(samples, root=0))
+
+
+_EAGER_TAG = 7301
+_EAGER_WAIT_S = 0.01  # the receiver's lateness in an eager probe
+
+
+def _sends_before_receive(comm: Any, nbytes: int, peer: int) -> bool:
+    """Whether rank 0's send of `nbytes` to `peer` completes while `peer` has not yet
+    posted its receive (collective; the answer on every rank)."""
+    import numpy as np
+
+    from pipesgd.polling import Polling, wait_until
+
+    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)[:nbytes]
+    rank = comm.Get_rank()
+    comm.Barrier()
+    done = False
+    if rank == 0:
+        request = comm.Isend(buf, dest=peer, tag=_EAGER_TAG)
+        done = wait_until(request.Test, Polling(spin_s=0.0, poll_s=1e-4),
+                          timeout_s=0.75 * _EAGER_WAIT_S)
+        request.Wait()
+    elif rank == peer:
+        time.sleep(_EAGER_WAIT_S)
+        comm.Recv(buf, source=0, tag=_EAGER_TAG)
+    return bool(comm.bcast(done, root=0))
+
+
+def measure_eager(comm: Any, peer: int, most: int = 1 << 20) -> int:
+    """The largest message rank 0 sends to `peer` before `peer` posts its receive, to 64
+    bytes (collective). Doubling sizes from 256 bytes while three probes in a row
+    complete, then a bisection: a transport whose small sends wait for the receiver
+    (shared memory's, at times) measures small, where the eager part hardly counts."""
+    size, ok = 256, 0
+    while size <= most and all(_sends_before_receive(comm, size, peer) for _ in range(3)):
+        ok, size = size, size * 2
+    if size > most:
+        return most
+    failed = size
+    while failed - ok > 64:
+        mid = (ok + failed) // 2
+        if _sends_before_receive(comm, mid, peer):
+            ok = mid
+        else:
+            failed = mid
+    return ok
+
+
+def measure_node_link(comm: Any, small_bytes: int, repeats: int,
+                       peer: int) -> tuple[float, float]:
+    """(α, β) between rank 0 and `peer` on its node: a small ping-pong, and the slope of
+    one-way transfers of 1 and 4 MiB (collective)."""
+    import numpy as np
+
+    alpha, _ = measure_alpha(comm, small_bytes, repeats, peer)
+    ack = np.zeros(1, dtype=np.uint8)
+    medians = []
+    for nbytes in (1 << 20, 4 << 20):
+        buf = np.ones(nbytes, dtype=np.uint8)
+        samples = []
+        for i in range(repeats + 2):
+            comm.Barrier()
+            took = ping_pong(comm, buf, ack, peer=peer)
+            if i >= 2:
+                samples.append(took)
+        medians.append(statistics.median(comm.bcast(samples, root=0)))
+    beta = max(medians[1] - medians[0], 1e-15) / (3 << 20)
+    return alpha, beta
+
+
+def per_wire_byte(cost: dict[int, float], sizes: tuple[int, int], p: int,
+                   gamma: float) -> float:
+    """Slope of a per-allreduce cost between two sizes, per wire byte, less the reduction."""
+    small, large = sizes
+    extra = large - small
+    reduction = (p - 1) / p * extra * gamma
+    return max(cost[large] - cost[small] - reduction, 0.0) / (2 * (p - 1) / p * extra)
+
+
+def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> None:
+    """`send` to the right neighbour while `recv` arrives from the left, in segments."""
+    size, rank = comm.Get_size(), comm.Get_rank()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    requests = [comm.Irecv(piece, source=left, tag=3) for piece in _segments(recv, segment)]
+    requests += [comm.Isend(piece, dest=right, tag=3) for piece in _segments(send, segment)]
+    _wait(requests, polite)
+
+
+def _slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
+                     warmups: int) -> list[float]:
+    """The slowest rank's seconds of `run` (started together after a barrier), each of
+    `repeats` timed calls after `warmups` untimed ones (collective)."""
+    from mpi4py import MPI
+
+    walls = []
+    for i in range(warmups + repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        run()
+        slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        if i >= warmups:
+            walls.append(slowest)
+    return walls
+
+
+def measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
+                  polite: bool) -> tuple[float, float]:
+    """β and its spread: the slope of the slowest rank's ring step between two sizes
+    (collective)."""
+    import numpy as np
+
+    step_times: dict[int, list[float]] = {}
+    for m in sizes:
+        send = np.ones(m, dtype=np.uint8)
+        recv = np.empty(m, dtype=np.uint8)
+        step = functools.partial(_ring_step, comm, send, recv, segment, polite)
+        step_times[m] = _slowest_seconds(comm, step, repeats, warmups=3)
+    small, large = sizes
+    t_small, _ = median_spread(step_times[small])
+    t_large, spread = median_spread(step_times[large])
+    return max(t_large - t_small, 1e-15) / (large - small), spread
+
+
+def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
+                       gamma: float) -> tuple[float, float]:
+    """β and its spread over a network: the slope of the slowest rank's uncompressed engine
+    allreduce between two sizes, per wire byte, less its reductions (collective). Each
+    allreduce is sized so that a link carries `sizes` bytes, as in `measure_beta`."""
+    import numpy as np
+
+    p = comm.Get_size()
+    quantum = 4 * p  # whole float32 elements in every rank's chunk
+    n_sizes = tuple(max(quantum, m * p // (2 * (p - 1)) // quantum * quantum) for m in sizes)
+    medians: dict[int, float] = {}
+    spread = 0.0
+    for n in n_sizes:
+        buf = np.ones(n // 4, dtype=np.float32)
+        run = functools.partial(engine.allreduce, buf, op="average")
+        walls = _slowest_seconds(comm, run, repeats, warmups=1)
+        medians[n], spread = median_spread(walls)
+    return max(per_wire_byte(medians, n_sizes, p, gamma), 1e-15), spread
