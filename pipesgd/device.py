@@ -74,16 +74,22 @@ def run_device(name: str, comm: MPI.Comm | None = None) -> torch.device:
         raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
     if name == "cpu":
         return torch.device("cpu")
-
-    def check_cuda() -> None:
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda, but CUDA is not available on this machine "
-                             f"({socket.gethostname()}): use --device cpu")
-
-    if (why := failure_anywhere(MPI.COMM_WORLD if comm is None else comm, check_cuda,
-                                errors=(ValueError,))) is not None:
-        raise ValueError(why)
+    require_cuda_everywhere(MPI.COMM_WORLD if comm is None else comm, True,
+                            "--device cuda", "use --device cpu")
     return device(comm)
+
+
+def require_cuda_everywhere(comm: MPI.Comm, needed: bool, asked: str, instead: str) -> None:
+    """Where a rank that `needed` CUDA has none, raise on every rank of `comm` (collective):
+    ValueError("[rank R: ]{asked}, but CUDA is not available on this machine (HOST):
+    {instead}"), so none goes on into a collective the failing rank never reaches."""
+    def check() -> None:
+        if needed and not torch.cuda.is_available():
+            raise ValueError(f"{asked}, but CUDA is not available on this machine "
+                             f"({socket.gethostname()}): {instead}")
+
+    if (why := failure_anywhere(comm, check, errors=(ValueError,))) is not None:
+        raise ValueError(why)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:

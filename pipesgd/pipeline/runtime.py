@@ -12,7 +12,6 @@ When an action fails, the rank prints its schedule table with that action marked
 from __future__ import annotations
 
 import resource
-import socket
 import statistics
 import sys
 import time
@@ -23,8 +22,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
-from pipesgd.agreement import failure_anywhere
-from pipesgd.device import torch_threads
+from pipesgd.device import require_cuda_everywhere, torch_threads
 from pipesgd.host_memory import keep_freed_memory
 from pipesgd.staging import HostStaging
 from pipesgd.timing.profile import times_cpu_work
@@ -171,8 +169,9 @@ class Pipeline:
         self.weight_policy = weight_policy
         # Collective: a rank without CUDA stops every rank, not only itself, so none is
         # left waiting in the communicator split below.
-        if (why := failure_anywhere(self.comm, lambda: _check_cuda(device))) is not None:
-            raise ValueError(why)
+        require_cuda_everywhere(
+            self.comm, device is not None and torch.device(device).type == "cuda",
+            f"device={device!r}", "leave device=None (the CPU)")
         module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
         if device is not None:
             module = module.to(device)
@@ -520,13 +519,6 @@ class ActionTimes:
     @property
     def total_s(self) -> float:
         return self.forward_s + self.backward_s + self.update_s
-
-
-def _check_cuda(device: torch.device | str | None) -> None:
-    if device is not None and torch.device(device).type == "cuda" \
-            and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r}, but CUDA is not available on this machine "
-                         f"({socket.gethostname()}): leave device=None (the CPU)")
 
 
 def _module_device(module: nn.Module) -> torch.device:
