@@ -169,14 +169,14 @@ class Pipeline:
         self.weight_policy = weight_policy
         # Collective: a rank without CUDA stops every rank, not only itself, so none is
         # left waiting in the communicator split below.
-        require_cuda_everywhere(
-            self.comm, device is not None and torch.device(device).type == "cuda",
-            f"device={device!r}", "leave device=None (the CPU)")
+        asked = torch.device(device) if device is not None else None
+        require_cuda_everywhere(self.comm, asked is not None and asked.type == "cuda",
+                                f"device={device!r}", "leave device=None (the CPU)")
         module = model.build(self.stage_plan.start, self.stage_plan.end, seed=seed)
-        if device is not None:
-            module = module.to(device)
+        if asked is not None:
+            module = module.to(asked)
         # a stage without parameters or buffers still computes where it was asked to
-        self.device = torch.device(device) if device is not None else _module_device(module)
+        self.device = asked if asked is not None else _module_device(module)
         if staging is False and self.device.type != "cpu":
             raise ValueError(f"stage {self.stage_id} is on {self.device}, and MPI and the "
                              "engine read host memory: leave staging=None (or True)")
