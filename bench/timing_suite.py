@@ -52,11 +52,16 @@ RESULTS = ROOT / "bench" / "results"
 # Models of a few ms per iteration take the MLP's; of a hundred ms or more, the CNN's.
 STEPS = {"mlp": (2, 10), "cnn": (4, 2)}
 # Enough rounds that configurations the model calls equal (one bucket either way) are
-# not told apart by noise alone: MLP iterations are a few ms on a 2-core VM, and one
-# round's median of a compressed configuration moves by +-20 % (1 Gbit/s, 1 MiB bucket,
-# p = 4: D-Sync+Q's twelve read 5.6-8.5 ms, its overlapped twin's 5.9-10.6), so twelve
-# rounds left twins 5-9 % apart; the median's error shrinks as the root of the rounds.
-ROUNDS = {"mlp": 30, "cnn": 5}
+# not told apart by noise alone. One round's median moves by +-20 % on a 2-core VM
+# (1 Gbit/s, 1 MiB bucket, p = 4: the MLP's D-Sync+Q over twelve rounds read 5.6-8.5 ms,
+# its overlapped twin's 5.9-10.6), and the median's error shrinks as the root of the
+# rounds: twelve rounds left the MLP's twins 5-9 % apart, thirty within 4 %; five left the
+# CNN's up to 10 % apart where its iterations are compute-bound (1 Gbit/s, rounds of
+# 10-20 s) and within 2.5 % where the link paces them (200 Mbit/s, rounds of 35-60 s).
+# So a scenario runs rounds for a fixed time, between a floor and a ceiling: quick rounds
+# get many, slow ones (whose link-paced steps vary least) the floor.
+ROUND_BUDGET_S = 240.0
+MIN_ROUNDS, MAX_ROUNDS = 5, 30
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
 BATCH = {"mlp": 64, "cnn": 32}
@@ -157,10 +162,11 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             staleness=cfg.staleness, compression=cfg.compression, overlap=cfg.overlap,
             bucket_mb=bucket_mb, engine=engine, comm=comm)
         runs.append((cfg, model, opt, []))
-    for round_index in range(ROUNDS[pace]):
+    began, rounds, more = time.perf_counter(), 0, True
+    while more:
         # Each round starts one configuration later, so none always follows the same
         # neighbour (whose traffic leaves the link's token bucket drained or refilled).
-        first = round_index % len(runs)
+        first = rounds % len(runs)
         for _cfg, model, opt, times in runs[first:] + runs[:first]:
             comm.Barrier()
             for step in range(warmup + timed):
@@ -173,6 +179,10 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             # Drain before the next configuration uses the link.
             opt.synchronize()
         profile_beside_others()
+        rounds += 1
+        # rank 0's clock decides, so every rank runs as many rounds
+        more = comm.bcast(rounds < MIN_ROUNDS or (
+            rounds < MAX_ROUNDS and time.perf_counter() - began < ROUND_BUDGET_S), root=0)
     results = []
     for cfg, _model, opt, times in runs:
         opt.remove_hooks()
@@ -185,7 +195,8 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
     if rank == 0:
         prof = median_profile(profiles)
         Path(out).write_text(json.dumps({
-            "network": net.to_dict(), "profile": prof.to_dict(), "runs": results}, indent=2))
+            "network": net.to_dict(), "profile": prof.to_dict(), "rounds": rounds,
+            "runs": results}, indent=2))
 
 
 def median_profile(profiles: list) -> Any:
