@@ -55,11 +55,11 @@ STEPS = {"mlp": (2, 10), "cnn": (4, 2)}
 # not told apart by noise alone. One round's median moves by +-20 % on a 2-core VM
 # (1 Gbit/s, 1 MiB bucket, p = 4: the MLP's D-Sync+Q over twelve rounds read 5.6-8.5 ms,
 # its overlapped twin's 5.9-10.6), and the median's error shrinks as the root of the
-# rounds: twelve rounds left the MLP's twins 5-9 % apart, thirty within 4 %; five left the
-# CNN's up to 10 % apart where its iterations are compute-bound (1 Gbit/s, rounds of
-# 10-20 s) and within 2.5 % where the link paces them (200 Mbit/s, rounds of 35-60 s).
-# So a scenario runs rounds for a fixed time, between a floor and a ceiling: quick rounds
-# get many, slow ones (whose link-paced steps vary least) the floor.
+# rounds: twelve rounds left the MLP's twins up to 8 % apart, thirty 4-6 %. So a
+# scenario runs rounds for a fixed time, between a floor and a ceiling: quick rounds get
+# many (the MLP thirty, the CNN at 1 Gbit/s 10-20), slow ones the floor (the CNN at
+# 200 Mbit/s, rounds of 35-60 s, where the link paces every step). The CNN's twins were
+# still up to 12 % apart in a grid run with this rule (BENCHMARKS.md).
 ROUND_BUDGET_S = 240.0
 MIN_ROUNDS, MAX_ROUNDS = 5, 30
 # repetitions of each profile, one before the rounds and one after each
