@@ -57,7 +57,7 @@ STEPS = {"mlp": (2, 10), "cnn": (4, 2)}
 # its overlapped twin's 5.9-10.6), and the median's error shrinks as the root of the
 # rounds: twelve rounds left the MLP's twins up to 8 % apart, thirty 4-6 %. So a
 # scenario runs rounds for a fixed time, between a floor and a ceiling: quick rounds get
-# many (the MLP thirty, the CNN at 1 Gbit/s 10-20), slow ones the floor (the CNN at
+# many (the MLP thirty, the CNN at 1 Gbit/s 6-20), slow ones the floor (the CNN at
 # 200 Mbit/s, rounds of 35-60 s, where the link paces every step). The CNN's twins were
 # still up to 12 % apart in a grid run with this rule (BENCHMARKS.md).
 ROUND_BUDGET_S = 240.0
