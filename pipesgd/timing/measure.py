@@ -61,7 +61,7 @@ def measure_network(
       compute the allreduces take from a rank spinning beside them (the network stack's
       softirqs and context switches are charged to whoever they interrupt).
     * load latency (there too): a small engine allreduce with every rank spinning beside
-      it, against one alone, per ring step (`_engine_load_latency`).
+      it, against one alone, per ring step (`host_costs.engine_costs`).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * eager: the largest message rank 0 sends to α's peer before the peer posts its
@@ -144,12 +144,12 @@ def measure_network(
             if spans_nodes:
                 beta, spread["beta"] = measure_ring_beta(comm, engine, large_bytes, repeats,
                                                           gamma)
+                # a token bucket shapes a network link, never shared memory
+                burst, spread["burst"] = measure_burst(comm, beta, max(5, repeats // 3),
+                                                        segment, oversubscribed, peer)
             else:
                 beta, spread["beta"] = measure_beta(comm, large_bytes, repeats, segment,
                                                      oversubscribed)
-            if spans_nodes:  # a token bucket shapes a network link, never shared memory
-                burst, spread["burst"] = measure_burst(comm, beta, max(5, repeats // 3),
-                                                        segment, oversubscribed, peer)
             beta_cpu, load_latency, spread["load_latency"] = engine_costs(
                 comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
