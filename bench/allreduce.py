@@ -1,4 +1,4 @@
-"""AllReduce benchmark: pipesgd's ring vs MPI Allreduce (mpi4py) vs torch.distributed gloo.
+"""AllReduce benchmark: pipesgd's engine vs MPI Allreduce (mpi4py) vs torch.distributed gloo.
 
 Run under mpirun (prints a table, writes bench/results/allreduce_p{P}[_netem].json and .png):
 
@@ -14,6 +14,11 @@ Or as N separate launches (a new `mpirun` each; bench/launches.py says why), whi
 reports every launch's median against MPI's in the same launch:
 
     python bench/allreduce.py --launches 20 --np 2      # 1, 16 and 64 MiB, pipesgd and MPI
+    python bench/allreduce.py --launches 10 --np 4 --ring --sizes 64KiB,256KiB,1MiB
+
+`--ring` times, beside the engine, one without the shared-memory board (small operations
+around the ring too). A launch series judges, per size, every launch at 0.9x MPI's speed
+or more and 8 MiB at 1.2x or more, besides the spread between launches.
 
 Time per size is the median over repetitions of the slowest rank's time, each
 repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)/p
@@ -52,6 +57,9 @@ LAUNCH_SIZES = "1MiB,16MiB,64MiB"
 # from LAUNCH_FLOOR_BYTES up the slowest launch at least as fast as MPI in that launch.
 LAUNCH_SPREAD = 1.3
 LAUNCH_FLOOR_BYTES = 16 * 2**20
+# And in every launch: at least 0.9x MPI's speed at every size, at least 1.2x at 8 MiB.
+LAUNCH_LEVEL = 0.9
+LAUNCH_AHEAD, LAUNCH_AHEAD_BYTES = 1.2, 8 * 2**20
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--windows", metavar="W,W",
                     help="also time one engine per ring window (e.g. 8,2), uncompressed, "
                          "interleaved with the rest")
+    ap.add_argument("--ring", action="store_true",
+                    help="also time an engine without the shared-memory board (every "
+                         "operation around the ring), interleaved with the rest")
     ap.add_argument("--netem", metavar="RATE", help="run over emulated per-rank links (root)")
     ap.add_argument("--np", type=int, default=2, help="ranks, with --netem or --launches")
     ap.add_argument("--launches", type=int, default=0, metavar="N",
@@ -156,12 +167,14 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
     """Table rows, a JSON summary and target verdicts from each launch's records."""
     rows, summary, verdicts = [], [], []
     for nbytes in sorted({r["bytes"] for launch in per_launch for r in launch}):
-        mine, mpi, paths = [], [], []
+        mine, mpi, paths, ring = [], [], [], []
         for launch in per_launch:
             by = {r["impl"]: r for r in launch if r["bytes"] == nbytes}
             mine.append(by["pipesgd"]["time_s"])
             mpi.append(by["mpi"]["time_s"])
             paths.append(by["pipesgd"].get("path", "?"))
+            if "pipesgd-ring" in by:
+                ring.append(by["pipesgd-ring"]["time_s"])
         fastest, slowest = min(mine), max(mine)
         # MPI's own spread, and that of pipesgd's time over MPI's in the same launch: the
         # machine's state moves both implementations (docs/engine.md, "Counting launches")
@@ -171,10 +184,12 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
         worst_launch = mine.index(slowest)
         slowest_vs_mpi = mpi[worst_launch] / slowest  # > 1: pipesgd faster than MPI
         spread = slowest / fastest
+        speed = [m / t for m, t in zip(mpi, mine, strict=True)]  # > 1: pipesgd faster
         summary.append({"bytes": nbytes, "pipesgd_s": mine, "mpi_s": mpi, "paths": paths,
                         "spread": spread, "slowest_vs_mpi": slowest_vs_mpi,
-                        "mpi_spread": mpi_spread, "relative_spread": relative_spread})
-        rows.append({
+                        "mpi_spread": mpi_spread, "relative_spread": relative_spread,
+                        "speed_vs_mpi": speed, **({"ring_s": ring} if ring else {})})
+        row = {
             "size": format_size(nbytes),
             "pipesgd fastest ms": fastest * 1e3,
             "median ms": statistics.median(mine) * 1e3,
@@ -184,10 +199,25 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
             "MPI slowest/fastest": mpi_spread,
             "spread of pipesgd/MPI": relative_spread,
             "MPI/pipesgd, slowest launch": slowest_vs_mpi,
-            "MPI/pipesgd, worst": min(m / t for m, t in zip(mpi, mine, strict=True)),
+            "MPI/pipesgd, worst": min(speed),
+            "MPI/pipesgd, median": statistics.median(speed),
             "pipesgd path (launches)": ", ".join(f"{k} {paths.count(k)}"
                                                  for k in sorted(set(paths))),
-        })
+        }
+        if ring:
+            ring_speed = [m / t for m, t in zip(mpi, ring, strict=True)]
+            row["MPI/ring alone, worst"] = min(ring_speed)
+            row["MPI/ring alone, median"] = statistics.median(ring_speed)
+        rows.append(row)
+        below = sum(s < LAUNCH_LEVEL for s in speed)
+        verdicts.append(f"{format_size(nbytes)}: pipesgd at least {LAUNCH_LEVEL}x MPI's speed "
+                        f"in {len(speed) - below} of {len(speed)} launches "
+                        f"{'PASS' if below == 0 else 'FAIL'}")
+        if nbytes == LAUNCH_AHEAD_BYTES:
+            behind = sum(s < LAUNCH_AHEAD for s in speed)
+            verdicts.append(f"{format_size(nbytes)}: pipesgd at least {LAUNCH_AHEAD}x MPI's "
+                            f"speed in {len(speed) - behind} of {len(speed)} launches "
+                            f"{'PASS' if behind == 0 else 'FAIL'}")
         verdicts.append(f"{format_size(nbytes)}: slowest / fastest launch = {spread:.2f} "
                         f"(target <= {LAUNCH_SPREAD}) "
                         f"{'PASS' if spread <= LAUNCH_SPREAD else 'FAIL'}")
@@ -262,7 +292,10 @@ def time_variants(comm, variants: list[tuple[str, Callable[[], None]]], reset: C
 
 
 def engine_path(engine, nbytes: int) -> str:
-    """How `engine` sent uncompressed operations of `nbytes`: "links" or "messages"."""
+    """How `engine` sent uncompressed operations of `nbytes`: "board", "links" or
+    "messages"."""
+    if nbytes <= engine.board_bytes:
+        return "board"
     if not engine.shm_links:
         return "messages"
     size_class = 1 << (nbytes.bit_length() - 1)  # large operations are tuned per power of two
@@ -281,6 +314,7 @@ def run(args: argparse.Namespace) -> None:
     engine = pipesgd.init()
     windows = [int(w) for w in args.windows.split(",")] if args.windows else []
     window_engines = {w: pipesgd.Engine(comm, window=w) for w in windows}
+    ring_engine = pipesgd.Engine(comm, board_bytes=0) if args.ring else None
     dist = init_gloo(comm) if "gloo" in impls else None
     rate = link_rate_bps()
     rows, records = [], []
@@ -296,6 +330,8 @@ def run(args: argparse.Namespace) -> None:
             )
         for w, e in window_engines.items():
             variants.append((f"pipesgd-w{w}", lambda e=e, b=buf: e.allreduce(b, op="sum")))
+        if ring_engine is not None:
+            variants.append(("pipesgd-ring", lambda b=buf: ring_engine.allreduce(b, op="sum")))
         if "mpi" in impls:
             variants.append(("mpi", lambda b=buf: comm.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)))
         if dist is not None:
@@ -354,7 +390,7 @@ def run(args: argparse.Namespace) -> None:
         )
         plot(records, p, path.with_suffix(".png"), where)
         print(f"wrote {path} and {path.with_suffix('.png')}")
-    for e in window_engines.values():
+    for e in [*window_engines.values(), *([ring_engine] if ring_engine else [])]:
         e.shutdown()
     engine.shutdown()
     if dist is not None:

@@ -43,6 +43,7 @@ py::dict config_dict(const EngineConfig& c) {
   d["spin_us"] = c.spin_us;
   d["poll_while_waited"] = c.poll_while_waited;
   d["shm_links"] = c.shm_links;
+  d["board_bytes"] = c.board_bytes;
   d["comm_slice_us"] = c.comm_slice_us;
   d["comm_nice"] = c.comm_nice;
   d["stall_seconds"] = c.stall_seconds;
@@ -139,10 +140,11 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init([](const py::object& comm, std::size_t segment_bytes, int window,
                        int comm_nice, int comm_slice_us, int poll_max_us,
-                       bool poll_while_waited) {
+                       bool poll_while_waited, std::size_t board_bytes) {
              MPI_Comm c = communicator_from(comm);
              const EngineOptions options{segment_bytes, window,      comm_nice,
-                                         comm_slice_us, poll_max_us, poll_while_waited};
+                                         comm_slice_us, poll_max_us, poll_while_waited,
+                                         board_bytes};
              py::gil_scoped_release release;
              return std::make_unique<Engine>(c, options);
            }),
@@ -150,7 +152,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("comm_nice") = EngineOptions{}.comm_nice,
            py::arg("comm_slice_us") = EngineOptions{}.comm_slice_us,
            py::arg("poll_max_us") = EngineOptions{}.poll_max_us,
-           py::arg("poll_while_waited") = EngineOptions{}.poll_while_waited)
+           py::arg("poll_while_waited") = EngineOptions{}.poll_while_waited,
+           py::arg("board_bytes") = EngineOptions{}.board_bytes)
       .def(
           "allreduce",
           [](Engine& e, std::uintptr_t address, std::size_t count, const std::string& dtype,
@@ -192,6 +195,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
+      .def_property_readonly("board_bytes",
+                             [](const Engine& e) { return e.config().board_bytes; })
       .def_property_readonly("linked_edges",
                              [](const Engine& e) {
                                const auto [left, right] = e.linked_edges();

@@ -14,7 +14,7 @@ namespace {
 constexpr int kControlTag = 1;
 constexpr int kFirstOpTag = 2;
 constexpr int kControlBytes = 4096;
-// Longest sleep on a link's doorbell between checks of the control channel.
+// Longest sleep on a doorbell between checks of the control channel.
 constexpr int kLinkSleepUs = 1000;
 
 }  // namespace
@@ -158,7 +158,7 @@ void CommContext::wait_until(const std::function<bool()>& ready, Operation& op, 
       [this] { return idle_mode(); }, teaches_spin);
 }
 
-void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& ready,
+void CommContext::wait_on_bell(Doorbell& doorbell, const std::function<bool()>& ready,
                                Operation& op, int peer, const char* phase) {
   op.waiting_on.store(peer);
   op.phase.store(phase);
@@ -166,7 +166,7 @@ void CommContext::wait_on_link(ShmLinks& links, const std::function<bool()>& rea
   // peer's failure report, an abort or a stall.
   poller_.until_woken(
       ready, [&](Poller::Clock::time_point now) { check_health(op, peer, phase, now); },
-      [this] { return idle_mode(); }, [&] { return links.sleep_unless(ready, kLinkSleepUs); },
+      [this] { return idle_mode(); }, [&] { return doorbell.sleep_unless(ready, kLinkSleepUs); },
       /*spin=*/core_per_rank_);
 }
 

@@ -19,7 +19,7 @@
 #include "engine_config.h"
 #include "operation.h"
 #include "poller.h"
-#include "shm_links.h"
+#include "shm_region.h"
 
 namespace pipesgd {
 
@@ -74,10 +74,11 @@ class CommContext {
   // Waits until `ready` returns true; `ready` may make progress itself (copy out what
   // the right neighbour has room for). For spin_us after the last progress it tests
   // without pause when every rank has a core, or tests and yields when ranks share
-  // cores and a thread of the process waits; then it sleeps on the link's doorbell,
-  // which a neighbour rings when it publishes or frees a slot (shm_links.h). Never a
-  // timed nap: a nap adds the neighbour's lateness, a spin takes its CPU time.
-  void wait_on_link(ShmLinks& links, const std::function<bool()>& ready, Operation& op,
+  // cores and a thread of the process waits; then it sleeps on the doorbell of a
+  // shared-memory transport, which a peer rings when it publishes or frees a slot
+  // (shm_links.h, shm_board.h). Never a timed nap: a nap adds the peer's lateness, a spin
+  // takes its CPU time.
+  void wait_on_bell(Doorbell& doorbell, const std::function<bool()>& ready, Operation& op,
                     int peer, const char* phase);
 
   // Tells every other rank that `op` failed with `message` (non-blocking sends).

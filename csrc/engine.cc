@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "allreduce/board.h"
 #include "allreduce/ring.h"
 #include "mpi_check.h"
 #include "thread_sched.h"
@@ -95,6 +96,23 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
     }
   }
   link_path_.links = links_.get();
+  // Three ranks or more, all on one node, with links: uncompressed operations up to the
+  // smallest board_bytes of all ranks go through the board (collective; links_ is alike
+  // on every rank). At p = 2 the ring too waits twice, and moves fewer bytes.
+  if (links_ != nullptr && all_edges_linked && transport.ranks >= 3) {
+    unsigned long long mine = config_.board_bytes, smallest = 0;
+    PSG_MPI_CHECK(
+        MPI_Allreduce(&mine, &smallest, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, ctx_->comm()), -1);
+    if (smallest > 0) {
+      std::string why_not;
+      board_ = ShmBoard::create(ctx_->comm(), static_cast<std::size_t>(smallest), &why_not);
+      if (!board_) {
+        std::fprintf(stderr, "pipesgd: rank %d: no shared-memory board (%s); small "
+                     "operations take the ring\n", rank_, why_not.c_str());
+      }
+    }
+  }
+  config_.board_bytes = board_ ? board_->capacity() : 0;
   // Large operations on one node take whichever of links and MPI messages was faster
   // (path_tuner.h); a ring across nodes keeps its links.
   tune_paths_ = links_ != nullptr && config_.shm_links < 0 && all_edges_linked;
@@ -232,6 +250,14 @@ std::map<std::size_t, bool> Engine::large_operations_as_messages() {
 }
 
 void Engine::run_on_tuned_path(Operation& op) {
+  if (board_ != nullptr) {
+    announce_operation(*board_, op);
+    if (op.compression == Compression::kNone &&
+        op.count * dtype_size(op.dtype) <= board_->capacity()) {
+      board_allreduce(*ctx_, *board_, op, board_rounds_++);
+      return;
+    }
+  }
   if (!tune_paths_) {
     ring_allreduce(*ctx_, workspace_, op, links_ ? link_path_ : message_path_);
     return;
@@ -278,6 +304,7 @@ void Engine::shutdown(double timeout_s) {
   if (drained.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
     ctx_->request_abort("was aborted by shutdown() after " + std::to_string(timeout_s) + " s");
     if (links_) links_->wake_self();
+    if (board_) board_->wake_self();
   }
   thread_.join();
 }

@@ -25,6 +25,7 @@
 #include "op_queue.h"
 #include "path_tuner.h"
 #include "operation.h"
+#include "shm_board.h"
 #include "shm_links.h"
 
 namespace pipesgd {
@@ -94,7 +95,8 @@ class Engine {
   // A validated operation on `data`, not yet numbered or queued.
   std::shared_ptr<Operation> make_operation(void* data, std::size_t count, DType dtype,
                                             ReduceOp op, Compression compression) const;
-  // Runs `op` on the links or as MPI messages, as the tuner says, and teaches the tuner.
+  // Runs `op` on the board where it fits, else around the ring on the links or as MPI
+  // messages, as the tuner says, and teaches the tuner.
   void run_on_tuned_path(Operation& op);
   // Runs `operation` on this thread, numbered next, if nothing is queued or running;
   // false (and nothing done) otherwise.
@@ -113,6 +115,9 @@ class Engine {
   RingPath link_path_;     // through links_, when there are links
   RingPath message_path_;  // as MPI messages
   bool tune_paths_ = false;  // links, and PIPESGD_SHM_LINKS unset
+  // Every rank on one node with links: small operations go through the board.
+  std::unique_ptr<ShmBoard> board_;
+  std::uint64_t board_rounds_ = 0;  // under exec_mutex_: operations the board has run
   PathTuner tuner_;          // under exec_mutex_
   Workspace workspace_;
   OpQueue queue_;

@@ -58,6 +58,7 @@ EngineConfig resolve_config(const EngineOptions& options) {
   c.comm_slice_us = options.comm_slice_us;
   c.poll_max_us = std::max(options.poll_max_us, c.poll_us);  // a ceiling below the floor: no growth
   c.poll_while_waited = options.poll_while_waited ? 1 : 0;
+  c.board_bytes = options.board_bytes;
   return c;
 }
 

@@ -26,6 +26,11 @@ struct EngineOptions {
   // only add a descheduled peer's lateness; MPI's blocking collectives spin too), else
   // test and sched_yield, as Open MPI does when oversubscribed. Shared memory only.
   bool poll_while_waited = true;
+  // When three ranks or more are all on one node: uncompressed operations up to this many
+  // bytes (the smallest over the ranks) go through the shared-memory board
+  // (allreduce/board.h), 0: none; the rest take the ring. 256 KiB: up to where the board
+  // was faster than the ring at p = 3 and 4 (docs/engine.md, "Small operations").
+  std::size_t board_bytes = 256 * 1024;
 };
 
 struct EngineConfig {
@@ -36,6 +41,9 @@ struct EngineConfig {
   int comm_slice_us = 100;
   int poll_max_us = 200;
   int poll_while_waited = 1;
+  // From EngineOptions where the engine has a board (three ranks or more, all on one
+  // node, links mapped), else 0.
+  std::size_t board_bytes = 0;
 
   // From the environment (read_env_config), the five variables that earn their place:
   // PIPESGD_SPIN_US and PIPESGD_POLL_US, which the Python side's waits read too (a value

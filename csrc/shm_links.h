@@ -33,6 +33,8 @@
 #include <memory>
 #include <string>
 
+#include "shm_region.h"
+
 namespace pipesgd {
 
 // What a slot carries besides its bytes: the receiver checks it against the unit
@@ -45,7 +47,7 @@ struct ShmMessage {
   std::uint64_t bytes = 0;
 };
 
-class ShmLinks {
+class ShmLinks final : public Doorbell {
  public:
   // Collective over `comm`. Links join this rank to its left neighbour when
   // `left_on_node` and to its right one when `right_on_node` (both ends of an edge
@@ -84,9 +86,9 @@ class ShmLinks {
   // Sleeps until a neighbour rings this rank's doorbell or `timeout_us` passes,
   // unless `ready()` (called after this rank has said it sleeps, so no ring is
   // lost in between) is already true. Returns ready()'s answer when it did not sleep.
-  bool sleep_unless(const std::function<bool()>& ready, int timeout_us);
+  bool sleep_unless(const std::function<bool()>& ready, int timeout_us) override;
   // Wakes this rank's own sleeping comm thread (shutdown, from another thread).
-  void wake_self();
+  void wake_self() override;
 
  private:
   struct Mapping {

@@ -119,11 +119,17 @@ class Engine:
         poll_while_waited: while a thread waits on an operation, poll without sleeping
             (over shared memory spin with a core per rank, else test and `sched_yield`;
             over a network test and `sched_yield`); False always sleeps between tests.
+        board_bytes: when three ranks or more are all on one node, uncompressed
+            operations up to this many bytes (the smallest over the ranks) skip the ring:
+            each rank posts its data on a shared-memory board, sums its chunk of
+            everyone's and copies the others' sums (two waits instead of the ring's
+            2(p - 1)); 0 sends every operation around the ring. Default 256 KiB.
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
                  window: int | None = None, *, comm_nice: int = 0, comm_slice_us: int = 100,
-                 poll_max_us: int = 200, poll_while_waited: bool = True) -> None:
+                 poll_max_us: int = 200, poll_while_waited: bool = True,
+                 board_bytes: int = 256 * 1024) -> None:
         keep_freed_memory()  # training's tensors reuse the heap instead of page-faulting
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
@@ -132,10 +138,13 @@ class Engine:
             raise ValueError(f"segment_bytes must be at least 64, got {segment_bytes}")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if not isinstance(board_bytes, int) or board_bytes < 0:
+            raise ValueError(f"board_bytes must be an integer >= 0, got {board_bytes!r}")
         self._engine = _C.Engine(comm, int(segment_bytes or 0), int(window or 0),
                                  comm_nice=comm_nice, comm_slice_us=comm_slice_us,
                                  poll_max_us=poll_max_us,
-                                 poll_while_waited=bool(poll_while_waited))
+                                 poll_while_waited=bool(poll_while_waited),
+                                 board_bytes=board_bytes)
         self._inflight: dict[int, tuple[_C.Operation, BufferView]] = {}
         self._lock = threading.Lock()
         _live_engines.add(self)
@@ -162,6 +171,13 @@ class Engine:
         """Whether segments travel through shared-memory inboxes between ranks on one node
         (a user-space copy) rather than MPI messages (PIPESGD_SHM_LINKS=0 turns them off)."""
         return bool(self._engine.shm_links)
+
+    @property
+    def board_bytes(self) -> int:
+        """Uncompressed operations up to this many bytes go through the shared-memory
+        board instead of the ring; 0 when there is none (two ranks, ranks on several
+        nodes, no shared-memory links, or `board_bytes=0`)."""
+        return int(self._engine.board_bytes)
 
     @property
     def linked_edges(self) -> tuple[bool, bool]:

@@ -18,6 +18,13 @@ def test_allreduce_small_segments() -> None:
     run_mpi(3, "engine_allreduce.py", "4096", timeout=240)
 
 
+@pytest.mark.parametrize("np_", [3, 4])
+def test_allreduce_on_the_ring_alone(np_: int) -> None:
+    # Small operations too around the ring's links (the board turned off).
+    out = run_mpi(np_, "engine_allreduce.py", "ring", timeout=240)
+    assert "board=0 ok" in out.stdout
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_allreduce_over_mpi_messages(np_: int) -> None:
     # The path a ring takes across nodes (and when shared memory is refused): MPI messages.
@@ -42,8 +49,9 @@ def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
 
 @pytest.mark.parametrize(
     "scenario",
-    ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "missing-peer", "drop-buffers",
-     "shutdown-inflight", "blocking-order", "shutdown-aborts-blocking"],
+    ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "mismatch-ring",
+     "mismatch-board-ring", "missing-peer", "drop-buffers", "shutdown-inflight",
+     "blocking-order", "shutdown-aborts-blocking"],
 )
 @pytest.mark.parametrize("np_", [2, 3])
 def test_faults(scenario: str, np_: int) -> None:

@@ -138,7 +138,7 @@ class RingRun {
       return ready();
     };
     if (both_links_ != nullptr) {
-      ctx_.wait_on_link(*both_links_, moving, op_, peer, phase);
+      ctx_.wait_on_bell(*both_links_, moving, op_, peer, phase);
     } else {
       ctx_.wait_until(moving, op_, peer, phase, teaches_spin);
     }

@@ -8,10 +8,11 @@ namespace {
 constexpr std::uint64_t kHeaderMagic = 0x70697065736764ULL;  // "pipesgd"
 
 std::string shape(const RingHeader& h) {
+  const std::string segments =
+      h.segment_elems == 0 ? "" : ", segments of " + std::to_string(h.segment_elems) + " elements";
   return std::to_string(h.count) + " x " + dtype_name(static_cast<DType>(h.dtype)) + " (op " +
          reduce_op_name(static_cast<ReduceOp>(h.op)) + ", compression " +
-         compression_name(static_cast<Compression>(h.compression)) + ", segments of " +
-         std::to_string(h.segment_elems) + " elements)";
+         compression_name(static_cast<Compression>(h.compression)) + segments + ")";
 }
 
 }  // namespace
@@ -33,10 +34,10 @@ bool ring_headers_match(const RingHeader& a, const RingHeader& b) {
 }
 
 std::string ring_mismatch_message(const RingHeader& mine, const RingHeader* theirs, int rank,
-                                  int left) {
+                                  int peer, const char* relation) {
   return "collective mismatch at allreduce #" + std::to_string(mine.seq) + ": rank " +
-         std::to_string(rank) + " submitted " + shape(mine) + " but its left neighbour rank " +
-         std::to_string(left) + " submitted " +
+         std::to_string(rank) + " submitted " + shape(mine) + " but " + relation + "rank " +
+         std::to_string(peer) + " submitted " +
          (theirs != nullptr && theirs->magic == kHeaderMagic ? shape(*theirs)
                                                              : std::string("garbage")) +
          "; every rank must submit the same operations in the same order";

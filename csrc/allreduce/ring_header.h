@@ -1,6 +1,7 @@
-// The header a ring operation sends its right neighbour ahead of the data: what this
-// rank submitted, so a neighbour that submitted something else is caught before any
-// segment is received into memory sized for another operation.
+// The header a ring operation sends its right neighbour ahead of the data (and a board
+// operation posts beside its data: board.h): what this rank submitted, so a rank that
+// submitted something else is caught before any data is read into memory sized for
+// another operation.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,7 @@ struct RingHeader {
   std::int32_t op;
   std::int32_t compression;
   std::int32_t rank;
-  std::uint64_t segment_elems;  // ranks must cut segments alike (segment_bytes)
+  std::uint64_t segment_elems;  // ranks must cut segments alike; 0: not cut (board.h)
 };
 
 RingHeader make_ring_header(const Operation& op, int rank, std::size_t segment_elems);
@@ -27,9 +28,10 @@ RingHeader make_ring_header(const Operation& op, int rank, std::size_t segment_e
 // Whether the left neighbour's header describes the same operation as this rank's.
 bool ring_headers_match(const RingHeader& mine, const RingHeader& theirs);
 
-// The error every rank reports when rank `rank`'s left neighbour `left` submitted
-// `theirs` (nullptr: what arrived was no header) against its own `mine`.
+// The error every rank reports when rank `rank`'s peer `peer` submitted `theirs`
+// (nullptr: what arrived was no header) against its own `mine`; `relation` names the
+// peer's place, as "its left neighbour " (empty: none).
 std::string ring_mismatch_message(const RingHeader& mine, const RingHeader* theirs, int rank,
-                                  int left);
+                                  int peer, const char* relation = "its left neighbour ");
 
 }  // namespace pipesgd

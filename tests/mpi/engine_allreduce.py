@@ -4,7 +4,10 @@ Checks, for counts {0, 1, p-1, 4, 1000, 10007, 2^20+3}, every dtype, sum and
 average: the result against a float64 numpy reference of all ranks' inputs,
 float32 against MPI's own Allreduce, bitwise equality across ranks, and many
 operations in flight at once, over shared-memory links (the default on one node) or
-MPI messages (PIPESGD_SHM_LINKS=0). Usage: engine_allreduce.py [segment_bytes]
+MPI messages (PIPESGD_SHM_LINKS=0). On one node operations up to 256 KiB go through the
+shared-memory board from p = 3, unless `ring` is given (every operation then takes the
+ring).
+Usage: engine_allreduce.py [segment_bytes] [ring]
 """
 
 import hashlib
@@ -18,8 +21,9 @@ from mpi4py import MPI
 import pipesgd
 
 comm = MPI.COMM_WORLD
-segment = int(sys.argv[1]) if len(sys.argv) > 1 else None
-engine = pipesgd.Engine(comm, segment_bytes=segment)
+ring_only = "ring" in sys.argv[1:]
+segment = next((int(a) for a in sys.argv[1:] if a.isdigit()), None)
+engine = pipesgd.Engine(comm, segment_bytes=segment, board_bytes=0 if ring_only else 256 * 1024)
 r, p = comm.rank, comm.size
 # All ranks share this node's memory: the comm thread spins while the caller waits when
 # every rank has a core, else it yields to the peer that shares its core.
@@ -28,6 +32,10 @@ assert engine.polling_while_waited == expected_polling, engine.polling_while_wai
 # Segments go through shared-memory inboxes between ranks of one node, unless told not to.
 expected_links = p > 1 and os.environ.get("PIPESGD_SHM_LINKS", "1") != "0"
 assert engine.shm_links == expected_links, (engine.shm_links, expected_links)
+# Small operations skip the ring through a board in shared memory, where there are links
+# and three ranks or more.
+expected_board = 256 * 1024 if expected_links and p >= 3 and not ring_only else 0
+assert engine.board_bytes == expected_board, (engine.board_bytes, expected_board)
 # With a core per rank, each rank's comm thread is bound to a CPU of its own: the
 # rank-th (all ranks are on this node) of those the process may run on.
 allowed = sorted(os.sched_getaffinity(0))
@@ -92,8 +100,9 @@ comm.Allreduce(x, expect, op=MPI.SUM)
 engine.allreduce(x, op="sum")
 assert np.array_equal(x, expect)
 
-# Many operations in flight, submitted before any is waited on.
-buffers = [np.full(50000 + k, float(r + k), np.float32) for k in range(32)]
+# Many operations in flight, submitted before any is waited on; on one node the board's
+# (200 KB) and the ring's (280 KB) take turns.
+buffers = [np.full((50000 if k % 2 else 70000) + k, float(r + k), np.float32) for k in range(32)]
 handles = [engine.allreduce_async(b, op="sum") for b in buffers]
 for k, (h, b) in enumerate(zip(handles, buffers, strict=True)):
     assert h.wait(timeout=60) is b
@@ -122,4 +131,5 @@ if p > 1:
 
 engine.shutdown()
 if r == 0:
-    print(f"engine_allreduce: p={p} segment={engine.segment_bytes} ok")
+    print(f"engine_allreduce: p={p} segment={engine.segment_bytes} "
+          f"board={engine.board_bytes} ok")

@@ -59,6 +59,19 @@ elif scenario == "mismatch-dtype":
     engine = pipesgd.Engine(comm)
     buf = np.ones(1000, np.float64 if r == 0 else np.float32)
     expect_mismatch(engine, buf, ["allreduce #0", "1000 x float64", "1000 x float32", "rank 0"])
+elif scenario == "mismatch-ring":
+    # The same around the ring (the board turned off): caught from the ring's header.
+    engine = pipesgd.Engine(comm, board_bytes=0)
+    n = 1000 + (7 if r == p - 1 else 0)
+    expect_mismatch(engine, np.ones(n, np.float32),
+                    ["allreduce #0", "1000 x float32", "1007 x float32", f"rank {p - 1}"])
+elif scenario == "mismatch-board-ring":
+    # 4000 bytes fit the board, 4028 do not: the last rank runs the ring, the others the
+    # board, and its announcement still tells them.
+    engine = pipesgd.Engine(comm, board_bytes=4000)
+    n = 1000 + (7 if r == p - 1 else 0)
+    expect_mismatch(engine, np.ones(n, np.float32),
+                    ["allreduce #0", "1000 x float32", "1007 x float32", f"rank {p - 1}"])
 elif scenario == "missing-peer":
     engine = pipesgd.Engine(comm)
     silent = p - 1

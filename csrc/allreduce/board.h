@@ -1,0 +1,31 @@
+// Small operations on one node through a shared-memory board (shm_board.h):
+//   1. every rank posts its header and data in its slot;
+//   2. once every rank has posted the same operation, rank r sums chunk r of all the
+//      slots in rank order (as ring_layout.h cuts chunks), and posts it in its slot;
+//   3. every rank copies each other chunk from its owner's slot.
+// Each element is summed once, by one rank, in a fixed order, then copied byte for byte,
+// so every rank ends bitwise identical. Two waits where the ring's 2(p - 1) steps each
+// wait for a neighbour; but each rank reads and writes about four times the buffer
+// where the ring's sends and receives come to 4(p - 1)/p of it, so only small
+// operations take it (docs/engine.md, "Small operations: the board").
+#pragma once
+
+#include <cstdint>
+
+#include "comm_context.h"
+#include "operation.h"
+#include "shm_board.h"
+
+namespace pipesgd {
+
+// Announces `op` on `board` (shm_board.h): every rank calls it for every operation it
+// starts on an engine with a board, whichever algorithm runs it, so that ranks that
+// submitted something else are caught.
+void announce_operation(ShmBoard& board, const Operation& op);
+
+// Runs `op` (uncompressed, at most board.capacity() bytes) as the board's `round`-th
+// operation (0, 1, ...: the same on every rank). Throws OpFailure on mismatch, abort or
+// a peer's failure.
+void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t round);
+
+}  // namespace pipesgd
