@@ -67,7 +67,9 @@ alone, and transfers and rounds take their wire time.
 
 Left out: compression of the replicas' all-reduce, gradient and communication buffers in
 memory; a NIC's messages and all-reduces are sent one after another where TCP would
-share the link between them (the same bytes, in another order).
+share the link between them (the same bytes, in another order); the engine's board
+(three replicas or more on one node, weights up to 256 KiB: two waits, not the ring's
+2(r-1)).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 

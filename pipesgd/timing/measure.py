@@ -114,8 +114,10 @@ def measure_network(
         device_copy = comm.allreduce(measure_device_copy(device), op=MPI.MAX)
 
     # One engine for the whole measurement: its segment size shapes the probes; its comm
-    # thread sleeps until the probes that use it, last.
-    engine = Engine(comm) if size > 1 else None
+    # thread sleeps until the probes that use it, last. Without the board: the probes
+    # time the ring's steps, which the model counts (a small probe on one node would
+    # take the board's two waits instead).
+    engine = Engine(comm, board_bytes=0) if size > 1 else None
     try:
         # S: barrier
         samples = []
