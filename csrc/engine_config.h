@@ -29,7 +29,7 @@ struct EngineOptions {
   // When three ranks or more are all on one node: uncompressed operations up to this many
   // bytes (the smallest over the ranks) go through the shared-memory board
   // (allreduce/board.h), 0: none; the rest take the ring. 256 KiB: up to where the board
-  // was faster than the ring at p = 3 and 4 (docs/engine.md, "Small operations").
+  // was faster than the ring at p = 3 and 4 (docs/engine.md, "Small operations: the board").
   std::size_t board_bytes = 256 * 1024;
 };
 

@@ -123,13 +123,14 @@ class Engine:
             operations up to this many bytes (the smallest over the ranks) skip the ring:
             each rank posts its data on a shared-memory board, sums its chunk of
             everyone's and copies the others' sums (two waits instead of the ring's
-            2(p - 1)); 0 sends every operation around the ring. Default 256 KiB.
+            2(p - 1)); 0 sends every operation around the ring. Default (None) 256 KiB
+            (`csrc/engine_config.h`).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
                  window: int | None = None, *, comm_nice: int = 0, comm_slice_us: int = 100,
                  poll_max_us: int = 200, poll_while_waited: bool = True,
-                 board_bytes: int = 256 * 1024) -> None:
+                 board_bytes: int | None = None) -> None:
         keep_freed_memory()  # training's tensors reuse the heap instead of page-faulting
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Comm):
@@ -138,13 +139,13 @@ class Engine:
             raise ValueError(f"segment_bytes must be at least 64, got {segment_bytes}")
         if window is not None and (not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        if not isinstance(board_bytes, int) or board_bytes < 0:
+        if board_bytes is not None and (not isinstance(board_bytes, int) or board_bytes < 0):
             raise ValueError(f"board_bytes must be an integer >= 0, got {board_bytes!r}")
+        board = {} if board_bytes is None else {"board_bytes": board_bytes}
         self._engine = _C.Engine(comm, int(segment_bytes or 0), int(window or 0),
                                  comm_nice=comm_nice, comm_slice_us=comm_slice_us,
                                  poll_max_us=poll_max_us,
-                                 poll_while_waited=bool(poll_while_waited),
-                                 board_bytes=board_bytes)
+                                 poll_while_waited=bool(poll_while_waited), **board)
         self._inflight: dict[int, tuple[_C.Operation, BufferView]] = {}
         self._lock = threading.Lock()
         _live_engines.add(self)

@@ -91,6 +91,21 @@ def test_window_validated(window) -> None:
         pipesgd.Engine(window=window)
 
 
+@pytest.mark.parametrize("board_bytes", [-1, 4096.0, "64KiB"])
+def test_board_bytes_validated(board_bytes) -> None:
+    with pytest.raises(ValueError, match="board_bytes must be an integer >= 0"):
+        pipesgd.Engine(board_bytes=board_bytes)
+
+
+def test_one_rank_has_no_board() -> None:
+    # Nothing to exchange with one rank; the default is what the constructor documents.
+    e = pipesgd.Engine()
+    try:
+        assert e.board_bytes == 0 and e.config["board_bytes"] == 0
+    finally:
+        e.shutdown()
+
+
 def test_segment_and_window_are_arguments_not_environment(monkeypatch) -> None:
     # Only five PIPESGD_* variables are read (engine_config.h); these are not among them.
     monkeypatch.setenv("PIPESGD_RING_WINDOW", "5")

@@ -23,7 +23,7 @@ import pipesgd
 comm = MPI.COMM_WORLD
 ring_only = "ring" in sys.argv[1:]
 segment = next((int(a) for a in sys.argv[1:] if a.isdigit()), None)
-engine = pipesgd.Engine(comm, segment_bytes=segment, board_bytes=0 if ring_only else 256 * 1024)
+engine = pipesgd.Engine(comm, segment_bytes=segment, board_bytes=0 if ring_only else None)
 r, p = comm.rank, comm.size
 # All ranks share this node's memory: the comm thread spins while the caller waits when
 # every rank has a core, else it yields to the peer that shares its core.
