@@ -24,6 +24,7 @@ The worker times what users run: `pipesgd.DistributedOptimizer` around SGD, one
     python bench/timing_suite.py                      # under the emulator (root)
     python bench/timing_suite.py --held-out           # the scenarios kept aside
     python bench/timing_suite.py --from-raw           # the last run's measurements again
+    python bench/timing_suite.py --scenarios 1gbit-b0-p3-cnn   # held out or seen, by name
     python bench/timing_suite.py --no-netem           # shared memory, no emulator
     python bench/timing_suite.py --rates 1gbit --bursts 1MiB --ps 2 --models mlp
 """
@@ -90,17 +91,22 @@ class Scenario:
 # Kept aside while the model was developed: rates, buckets and ring lengths off the
 # grid, every one with buckets small enough for several allreduces per iteration (the
 # grid's iterations make one), and the paper's CNN. (Those held out before them shaped
-# `unshared_fraction`, `core_wait_seconds`, the burst rule and the wait of D-Sync's
-# buckets beside backward, and are now `SEEN`.)
+# `unshared_fraction`, `core_wait_seconds` and the burst rule, or rules tried for
+# D-Sync's buckets beside backward and not kept, and are now `SEEN`.)
 HELD_OUT = (
+    Scenario("1200mbit", "0", 4, "cnn", bucket_mb=2.0),
+    Scenario("700mbit", "256KiB", 3, "cnn", bucket_mb=8.0),
+    Scenario("1gbit", "0", 3, "paper-cifar100-cnn", bucket_mb=0.25),
+    Scenario("500mbit", "128KiB", 4, "mlp", bucket_mb=0.25),
+    Scenario("2gbit", "32KiB", 2, "cnn", bucket_mb=2.0),
+)
+# Held out until they shaped the model; run with --seen.
+SEEN = (
     Scenario("800mbit", "96KiB", 4, "mlp", bucket_mb=0.25),
     Scenario("1500mbit", "0", 3, "cnn", bucket_mb=4.0),
     Scenario("400mbit", "512KiB", 2, "cnn", bucket_mb=1.0),
     Scenario("600mbit", "1MiB", 4, "paper-cifar100-cnn", bucket_mb=0.25),
     Scenario("1gbit", "48KiB", 3, "mlp", bucket_mb=0.5),
-)
-# Held out until they shaped the model; run with --seen.
-SEEN = (
     Scenario("500mbit", "0", 3, "mlp"),
     Scenario("1gbit", "0", 3, "cnn"),
     Scenario("300mbit", "32KiB", 4, "mlp"),
@@ -272,6 +278,14 @@ def evaluate(data: dict, scenario: Scenario) -> dict:
 
 
 def grid(args: argparse.Namespace) -> list[Scenario]:
+    if args.scenarios:
+        named = {s.name: s for s in (*HELD_OUT, *SEEN)}
+        wanted = args.scenarios.split(",")
+        unknown = [name for name in wanted if name not in named]
+        if unknown:
+            raise SystemExit(f"--scenarios: unknown {', '.join(unknown)}; held out and seen: "
+                             f"{', '.join(named)}")
+        return [named[name] for name in wanted]
     if args.held_out:
         return list(HELD_OUT)
     if args.seen:
@@ -301,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the scenarios kept aside while developing the model instead")
     ap.add_argument("--seen", action="store_true",
                     help="run the scenarios held out before the current ones instead")
+    ap.add_argument("--scenarios",
+                    help="comma-separated names of held-out or seen scenarios to run alone "
+                         "(as the summary names them, e.g. 2gbit-b256KiB-p4-cnn-bucket2MB)")
     ap.add_argument("--from-raw", action="store_true",
                     help="predict again the scenarios measured last time (their .raw.json "
                          "in bench/results/) instead of running them: a model change judged "
@@ -308,12 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-netem", action="store_true", help="shared memory, no emulator")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", help="JSON summary (default: bench/results/timing_suite.json, "
-                    "timing_suite_held_out.json with --held-out)")
+                    "timing_suite_held_out.json with --held-out, _seen with --seen, "
+                    "_selected with --scenarios)")
     args = ap.parse_args(argv)
 
     from pipesgd.timing.report import format_ranking, plot_breakdown
 
-    out = Path(args.out or RESULTS / ("timing_suite_held_out.json" if args.held_out
+    out = Path(args.out or RESULTS / ("timing_suite_selected.json" if args.scenarios
+                                      else "timing_suite_held_out.json" if args.held_out
                                       else "timing_suite_seen.json" if args.seen
                                       else "timing_suite.json"))
     RESULTS.mkdir(parents=True, exist_ok=True)
