@@ -251,35 +251,6 @@ def test_d_sync_waits_for_a_core_only_when_the_ranks_that_left_take_them_all(p, 
     assert sum(loaded.breakdown.values()) == pytest.approx(loaded.predicted_s)
 
 
-def test_d_sync_buckets_beside_backward_wait_for_a_core():
-    # p = 2 on 2 cores (no wait at the allreduce's end): 4 buckets of 1 kB, ready at
-    # 1/4 ... 1 of a 4 ms backward. Each small ring (2 steps) waits 2 ms per step for a
-    # core while backward runs, which pushes the buckets past its end; the loaded ring
-    # of W + D seconds advances at W / (W + D), so C seconds beside compute cost
-    # C D / (W + D) and the rest runs unloaded.
-    wait = 2e-3
-    shared = dict(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=0.0)
-    pr = prof(gradient_bytes=4e3, update_s=0.0, forward_s=0.0, backward_s=4e-3)
-    loaded_net, idle_net = net(load_latency_s=wait, **shared), net(**shared)
-    seg = M.ring_allreduce_cost(1e3, 2, idle_net).wall()
-    d = 2 * (wait - M.ring_allreduce_cost(1e3, 2, idle_net).transfer / 2)
-    back = pr.backward_s * M.predict(pr, idle_net, 2, staleness=1).details["compute_stretch"]
-    end = 0.0
-    for i in range(4):
-        start = max(end, (i + 1) / 4 * back)
-        beside = max(0.0, back - start)
-        end = start + seg + d * min(1.0, beside / (seg + d))
-    plain = predict(pr, idle_net, 2, staleness=1, overlap="backward", segments=4)
-    ovl = predict(pr, loaded_net, 2, staleness=1, overlap="backward", segments=4)
-    assert ovl.predicted_s == pytest.approx(plain.compute_s + end - back)
-    assert ovl.predicted_s > plain.predicted_s
-    assert sum(ovl.breakdown.values()) == pytest.approx(ovl.predicted_s)
-    # one bucket, ready when backward ends, runs after it: nothing to wait beside
-    one = predict(pr, loaded_net, 2, staleness=1, overlap="backward", segments=1)
-    assert one.predicted_s == pytest.approx(
-        predict(pr, idle_net, 2, staleness=1, overlap="backward", segments=1).predicted_s)
-
-
 def test_a_ring_step_longer_than_the_wait_for_a_core_hides_it():
     # Each step of a 4 MB ring at p = 4 is 1 ms on the wire: a 1 ms wait for the comm
     # thread's core hides behind it, a 0.4 ms one too; a small ring pays the whole wait.
