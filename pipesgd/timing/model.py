@@ -38,16 +38,14 @@ Extensions (`ring_allreduce_cost`, `predict`):
   overlaps them for the compute part of each iteration. With D = Σ over its ring steps
   of max(0, λ_load - t_step), the ring runs at the loaded pace W / (W + D) while compute
   runs and at full pace after it, so it takes W' = W + D min(1, compute / (W + D))
-  (`loaded_comm_seconds`; W the unloaded time). D-Sync's buckets that run while
-  backward still computes (overlap) wait likewise, for the part of backward beside
-  each. D-Sync's communication after backward runs while compute waits, except at its
-  end: ranks leave the allreduce one after another, the first ones start computing,
-  and the last ring step of the others waits for a core where those ranks' compute
-  threads take every core ((R - 1) t + 1 > C), so D-Sync's iteration is one λ_load
-  longer (4 ranks on 2 cores, 1 Gbit/s: the ranks left the allreduce 3-4 ms apart, and
-  D-Sync ran 1.2-1.4 ms, about λ_load, over the model without it, in every compression
-  mode). Two ranks on two cores leave a core free, and D-Sync charged λ_load there ran
-  high (docs/timing_model.md).
+  (`loaded_comm_seconds`; W the unloaded time). D-Sync's communication runs while
+  compute waits, except at its end: ranks leave the allreduce one after another, the
+  first ones start computing, and the last ring step of the others waits for a core
+  where those ranks' compute threads take every core ((R - 1) t + 1 > C), so D-Sync's
+  iteration is one λ_load longer (4 ranks on 2 cores, 1 Gbit/s: the ranks left the
+  allreduce 3-4 ms apart, and D-Sync ran 1.2-1.4 ms, about λ_load, over the model
+  without it, in every compression mode). Two ranks on two cores leave a core free, and
+  D-Sync charged λ_load there ran high (docs/timing_model.md).
 * Comm threads beyond their fair share (`unshared_fraction`): alone, the R comm threads
   of a host keep u = R W_cpu / (C W) of its cores busy. Beside R t compute threads their
   fair share is 1 / (t + 1) of the cores; the part of their demand beyond it,
@@ -531,32 +529,24 @@ def predict(
         # The link idled from the last allreduce until the first bucket leaves.
         idle = (update + l_for + buckets[0][1] * l_back) * s_comp
         burst_s = burst_saving(network, idle, costs[0].transfer)
-        core_wait = 0.0  # what buckets beside backward wait for a core
         if overlap == "sequential":
             tail = comm_wall - burst_s
         else:
             # bucket i leaves when ready and when the comm thread is free; backward is
-            # stretched like all compute. While backward still runs, a bucket's ring
-            # steps wait for a core as Pipe-SGD's do (`loaded_comm_seconds`).
-            back_end = l_back * s_comp
+            # stretched like all compute.
             walls = [cost.wall(s_comm) for cost in costs]
             walls[0] -= burst_s  # the first bucket leaves on the refilled bucket
-            end = plain_end = 0.0
-            for (_, ready), cost, wall in zip(buckets, costs, walls, strict=True):
-                start = max(end, ready * back_end)
-                beside = max(0.0, back_end - start)
-                end = start + loaded_comm_seconds(wall, beside,
-                                                  core_wait_seconds(cost, p, network))
-                plain_end = max(plain_end, ready * back_end) + wall
-            tail = max(0.0, plain_end - back_end)
-            core_wait = max(0.0, end - back_end) - tail
+            end = 0.0
+            for (_, ready), wall in zip(buckets, walls, strict=True):
+                end = max(end, ready * l_back * s_comp) + wall
+            tail = max(0.0, end - l_back * s_comp)
         share = tail / (comm_wall - burst_s) if comm_wall > burst_s else 0.0
         breakdown["communication"] = (wire_s - burst_s) * share
         breakdown["compression"] = kern_s * share
         breakdown["staging"] = stage_s * share
-        loaded = comm_wall + core_wait + last_step_wait
-        breakdown["contention"] = contention_compute + core_wait + last_step_wait
-        iteration = compute_wall + tail + core_wait + last_step_wait
+        loaded = comm_wall + last_step_wait
+        breakdown["contention"] = contention_compute + last_step_wait
+        iteration = compute_wall + tail + last_step_wait
         # Overlapping with backward shares cores with compute: never beat the CPU work.
         if overlap == "backward" and cpu_bound > iteration:
             breakdown["contention"] += cpu_bound - iteration
