@@ -1,0 +1,46 @@
+"""bench/timing_suite.py's scenario sets: what `--held-out`, `--seen` and `--scenarios`
+select, and a clear error for a name it does not know."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+import pytest
+from mpirun import ROOT
+
+spec = importlib.util.spec_from_file_location("timing_suite", ROOT / "bench" / "timing_suite.py")
+suite = importlib.util.module_from_spec(spec)
+sys.modules["timing_suite"] = suite  # its dataclasses look their module up
+spec.loader.exec_module(suite)
+
+
+def args(**kw) -> argparse.Namespace:
+    base = dict(scenarios=None, held_out=False, seen=False, no_netem=False, rates="1gbit",
+                bursts="0", ps="2", models="mlp", bucket_mb=25.0)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_held_out_and_seen_scenarios_are_apart_and_named_once() -> None:
+    held = [s.name for s in suite.HELD_OUT]
+    seen = [s.name for s in suite.SEEN]
+    assert len(set(held + seen)) == len(held) + len(seen)
+    # held-out scenarios are off the grid: none is a grid scenario
+    grid = {s.name for s in suite.grid(args(rates="1gbit,200mbit", bursts="0,128KiB,1MiB",
+                                            ps="2,4", models="mlp,cnn"))}
+    assert not grid & set(held)
+    assert suite.grid(args(held_out=True)) == list(suite.HELD_OUT)
+    assert suite.grid(args(seen=True)) == list(suite.SEEN)
+
+
+def test_scenarios_pick_held_out_or_seen_ones_by_name_in_the_order_given() -> None:
+    first, last = suite.SEEN[0], suite.HELD_OUT[-1]
+    assert suite.grid(args(scenarios=f"{last.name},{first.name}")) == [last, first]
+
+
+def test_an_unknown_scenario_name_is_refused_with_the_names_known() -> None:
+    with pytest.raises(SystemExit, match=r"--scenarios: unknown 9gbit-p2-mlp; held out and "
+                                         r"seen: .*" + suite.HELD_OUT[0].name):
+        suite.grid(args(scenarios=f"{suite.HELD_OUT[0].name},9gbit-p2-mlp"))
