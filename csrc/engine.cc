@@ -252,8 +252,7 @@ std::map<std::size_t, bool> Engine::large_operations_as_messages() {
 void Engine::run_on_tuned_path(Operation& op) {
   if (board_ != nullptr) {
     announce_operation(*board_, op);
-    if (op.compression == Compression::kNone &&
-        op.count * dtype_size(op.dtype) <= board_->capacity()) {
+    if (board_takes(*board_, op)) {
       board_allreduce(*ctx_, *board_, op, board_rounds_++);
       return;
     }

@@ -30,11 +30,16 @@ void announce_operation(ShmBoard& board, const Operation& op) {
   board.announce(&header, sizeof header);
 }
 
+bool board_takes(const ShmBoard& board, const Operation& op) {
+  return op.compression == Compression::kNone &&
+         op.count * dtype_size(op.dtype) <= board.capacity();
+}
+
 void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t round) {
   const int p = board.ranks();
   const int me = board.rank();
   const std::size_t bytes = op.count * dtype_size(op.dtype);
-  if (op.compression != Compression::kNone || bytes > board.capacity()) {
+  if (!board_takes(board, op)) {
     throw OpFailure(FailureKind::kInvalid,
                     op.describe() + " does not fit the board: uncompressed, at most " +
                         std::to_string(board.capacity()) + " bytes");

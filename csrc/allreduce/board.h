@@ -23,7 +23,10 @@ namespace pipesgd {
 // submitted something else are caught.
 void announce_operation(ShmBoard& board, const Operation& op);
 
-// Runs `op` (uncompressed, at most board.capacity() bytes) as the board's `round`-th
+// Whether the board runs `op`: uncompressed and at most board.capacity() bytes.
+bool board_takes(const ShmBoard& board, const Operation& op);
+
+// Runs `op` (one the board takes) as the board's `round`-th
 // operation (0, 1, ...: the same on every rank). Throws OpFailure on mismatch, abort or
 // a peer's failure.
 void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t round);
