@@ -167,12 +167,13 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
     """Table rows, a JSON summary and target verdicts from each launch's records."""
     rows, summary, verdicts = [], [], []
     for nbytes in sorted({r["bytes"] for launch in per_launch for r in launch}):
-        mine, mpi, paths, ring = [], [], [], []
+        mine, mpi, paths, ring, retried = [], [], [], [], 0
         for launch in per_launch:
             by = {r["impl"]: r for r in launch if r["bytes"] == nbytes}
             mine.append(by["pipesgd"]["time_s"])
             mpi.append(by["mpi"]["time_s"])
             paths.append(by["pipesgd"].get("path", "?"))
+            retried += by["pipesgd"].get("retrials", 0) > 0
             if "pipesgd-ring" in by:
                 ring.append(by["pipesgd-ring"]["time_s"])
         fastest, slowest = min(mine), max(mine)
@@ -186,7 +187,8 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
         spread = slowest / fastest
         speed = [m / t for m, t in zip(mpi, mine, strict=True)]  # > 1: pipesgd faster
         summary.append({"bytes": nbytes, "pipesgd_s": mine, "mpi_s": mpi, "paths": paths,
-                        "spread": spread, "slowest_vs_mpi": slowest_vs_mpi,
+                        "launches_retried": retried, "spread": spread,
+                        "slowest_vs_mpi": slowest_vs_mpi,
                         "mpi_spread": mpi_spread, "relative_spread": relative_spread,
                         "speed_vs_mpi": speed, **({"ring_s": ring} if ring else {})})
         row = {
@@ -202,7 +204,8 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
             "MPI/pipesgd, worst": min(speed),
             "MPI/pipesgd, median": statistics.median(speed),
             "pipesgd path (launches)": ", ".join(f"{k} {paths.count(k)}"
-                                                 for k in sorted(set(paths))),
+                                                 for k in sorted(set(paths)))
+            + (f" (re-tried in {retried})" if retried else ""),
         }
         if ring:
             ring_speed = [m / t for m, t in zip(mpi, ring, strict=True)]
@@ -339,6 +342,7 @@ def run(args: argparse.Namespace) -> None:
 
             tensor = torch.from_numpy(buf)
             variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
+        retrials_before = engine.path_retrials
         medians = time_variants(comm, variants, lambda b=buf, o=original: np.copyto(b, o),
                                 args.repeat, args.warmup, args.settle_ms / 1e3)
         for label, (t, cpu) in medians.items():
@@ -367,6 +371,8 @@ def run(args: argparse.Namespace) -> None:
                 row["bound/time"] = bound / t
             if label == "pipesgd":
                 record["path"] = row["path"] = engine_path(engine, nbytes)
+                # Times the path watch sent this size back to its trials (path_tuner.h).
+                record["retrials"] = engine.path_retrials - retrials_before
             records.append(record)
             rows.append(row)
     if rank == 0 and args.record:

@@ -202,6 +202,11 @@ PYBIND11_MODULE(_C, m) {
                                const auto [left, right] = e.linked_edges();
                                return py::make_tuple(left, right);
                              })
+      .def("path_watch_retrials",
+           [](Engine& e) {
+             py::gil_scoped_release release;  // waits for a running operation
+             return e.path_watch_retrials();
+           })
       .def("large_operations_as_messages",
            [](Engine& e) {
              std::map<std::size_t, bool> decided;

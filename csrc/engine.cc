@@ -249,6 +249,11 @@ std::map<std::size_t, bool> Engine::large_operations_as_messages() {
   return out;
 }
 
+int Engine::path_watch_retrials() {
+  std::lock_guard<std::mutex> exec(exec_mutex_);
+  return tuner_.watch_retrials();
+}
+
 void Engine::run_on_tuned_path(Operation& op) {
   if (board_ != nullptr) {
     announce_operation(*board_, op);
@@ -269,8 +274,8 @@ void Engine::run_on_tuned_path(Operation& op) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!tuner_.record(choice, seconds)) return;
-  // Each trial at its shortest over the ranks: the last rank to arrive did not wait for
-  // the others (path_tuner.h). Every rank decides alike from the same figures.
+  // Each trial or watched operation at its shortest over the ranks: the last rank to
+  // arrive did not wait for the others (path_tuner.h). Every rank decides alike.
   PathTuner::TrialTimes mine = tuner_.trial_times(choice.size_class), shortest{};
   MPI_Request req = MPI_REQUEST_NULL;
   const int left = (rank_ + size_ - 1) % size_;

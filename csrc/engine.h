@@ -85,6 +85,8 @@ class Engine {
   // (path_tuner.h): per size class decided so far, its smallest size in bytes and
   // whether messages won. Empty when not tuned. Waits for a running operation.
   std::map<std::size_t, bool> large_operations_as_messages();
+  // How often a watched path fell behind and its class ran its trials early.
+  int path_watch_retrials();
   // The CPU the comm thread is bound to, or -1 (thread_sched.h: bind_comm_thread).
   int comm_cpu() const { return comm_cpu_.load(); }
 

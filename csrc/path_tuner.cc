@@ -1,5 +1,7 @@
 #include "path_tuner.h"
 
+#include <algorithm>
+
 namespace pipesgd {
 namespace {
 
@@ -37,11 +39,14 @@ bool PathTuner::record(const Choice& choice, double seconds) {
   if (choice.size_class < 0) return false;
   ClassState& s = classes_[choice.size_class];
   if (s.decided) {
-    if (++s.since_decided == kRetuneEvery) {  // every rank counts the same operations
+    // Every rank counts the same operations, so all agree on the same ones.
+    if (++s.since_decided == s.retune_after) {
       s.decided = false;
       s.trials = 0;
+      return false;
     }
-    return false;
+    s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kTimed)] = seconds;
+    return s.since_decided % kTimed == 0;
   }
   if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - 2 * kWarmupsPerPath)] = seconds;
   return ++s.trials == kTrials;
@@ -53,14 +58,30 @@ PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
 }
 
 void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
+  ClassState& s = classes_[size_class];
+  if (s.decided) {  // a watch window: the median, so one slow operation is not a spell
+    TrialTimes sorted = shortest_over_ranks;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = 0.5 * (sorted[kTimed / 2 - 1] + sorted[kTimed / 2]);
+    const int other = 1 - static_cast<int>(s.path);
+    if (median > kWatchMargin * s.per_operation[other]) {
+      s.decided = false;
+      s.trials = 0;
+      ++watch_retrials_;
+    }
+    return;
+  }
   double total[2] = {0.0, 0.0};  // links, messages
   for (int j = 0; j < kTimed; ++j) {
     total[static_cast<int>(timed_path(j))] += shortest_over_ranks[static_cast<std::size_t>(j)];
   }
-  ClassState& s = classes_[size_class];
+  const RingPathKind faster = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
+  const bool confirmed = s.ever_decided && faster == s.path;
+  s.retune_after = confirmed ? std::min(2 * s.retune_after, kRetuneEvery) : kRetuneSoon;
   s.decided = s.ever_decided = true;
   s.since_decided = 0;
-  s.path = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
+  s.path = faster;
+  for (int path = 0; path < 2; ++path) s.per_operation[path] = total[path] / kTimedPerPath;
 }
 
 std::map<std::size_t, RingPathKind> PathTuner::decided() const {

@@ -18,12 +18,21 @@
 // shortest over the ranks: ranks reach an operation at different times (compute skew in a
 // training loop), the early ones wait for the late one, and the last to arrive measures
 // the transfer alone. The per-path sums of those decide, alike on every rank, and the
-// class keeps the faster path for its next kRetuneEvery operations, then runs its trials
-// again: which path is faster can change under a running process (on a VM, with whether
-// its two virtual CPUs share an L3: docs/engine.md, "Counting launches"), and a decision
-// taken in one state would otherwise hold in the other for the rest of a job. Three of
-// every kRetuneEvery operations on the slower path cost well under 1 %. Everything else
-// takes the links.
+// class keeps the faster path for a while, then runs its trials again: which path is
+// faster can change under a running process (on a VM, with whether its two virtual CPUs
+// share an L3: docs/engine.md, "Counting launches"), and a decision taken in one state
+// would otherwise hold in the other for the rest of a job. A new or changed decision
+// holds for kRetuneSoon operations, and each one the trials confirm for twice as long
+// as the last, up to kRetuneEvery: three of every kRetuneEvery operations on the slower
+// path cost well under 1 %.
+//
+// Between trials the class watches the path it kept: every kTimed operations the ranks
+// agree on each one's shortest time, as for a trial, and when their median is more than
+// kWatchMargin times the other path's time in the last trials, the trials run again at
+// once. On a 2-core VM the links ran 3-5x slower for tens of operations at a time
+// (spells in which MPI's messages slowed by a fifth), and waiting out kRetuneEvery
+// operations kept them there; the spell over, kRetuneSoon brings them back.
+// Everything else takes the links.
 #pragma once
 
 #include <array>
@@ -39,12 +48,14 @@ class PathTuner {
   static constexpr std::size_t kTunedFromBytes = 4u << 20;
   static constexpr int kWarmupsPerPath = 1;
   static constexpr int kTimedPerPath = 2;  // even: see choose()
-  static constexpr int kRetuneEvery = 256;  // operations of a class between its trials
+  static constexpr int kRetuneSoon = 16;    // operations between trials, at the least
+  static constexpr int kRetuneEvery = 256;  // and at the most
+  static constexpr double kWatchMargin = 1.25;
 
   struct Choice {
     RingPathKind path = RingPathKind::kLinks;
     int size_class = -1;  // -1: not tuned (small, or compressed)
-    bool timed = false;   // time it and pass the seconds to record()
+    bool timed = false;   // a trial whose time decides
   };
 
   // The path for an operation of `bytes` (before compression). Every rank asks with the
@@ -53,14 +64,19 @@ class PathTuner {
   static constexpr int kTimed = 2 * kTimedPerPath;
   using TrialTimes = std::array<double, kTimed>;
 
-  // Counts the operation choose() was asked for, with its seconds on this rank when
-  // timed. Returns true when its class has had all its trials: the caller then takes
-  // each timed trial's shortest time over the ranks (trial_times(), an allreduce with
-  // MIN) and calls decide() with them.
+  // Counts the operation choose() was asked for, with its seconds on this rank (every
+  // operation of a tuned class is timed: trials and the watch). Returns true when the
+  // class has kTimed times to agree on, after all its trials or a watch window: the
+  // caller then takes each one's shortest time over the ranks (trial_times(), an
+  // allreduce with MIN) and calls decide() with them.
   bool record(const Choice& choice, double seconds);
-  // This rank's seconds of a class's timed trials, in trial order.
+  // This rank's seconds of a class's timed trials or watched operations, in order.
   TrialTimes trial_times(int size_class) const;
+  // After trials: keeps the faster path. After a watch window: starts the trials again
+  // if the kept path has fallen behind the other one's last trial times.
   void decide(int size_class, const TrialTimes& shortest_over_ranks);
+  // How many times a watch window has sent a class back to its trials (all classes).
+  int watch_retrials() const { return watch_retrials_; }
 
   // The decided classes: 2^k (bytes) and the path kept (the last decision, while the
   // class runs its trials again).
@@ -73,7 +89,9 @@ class PathTuner {
     bool decided = false;       // the class is between trials
     bool ever_decided = false;  // `path` holds a decision
     int since_decided = 0;      // operations since the last decision
+    int retune_after = kRetuneSoon;  // operations between this decision and the next trials
     RingPathKind path = RingPathKind::kLinks;
+    double per_operation[2] = {0.0, 0.0};  // each path's mean agreed trial time
   };
   static constexpr int kTrials = 2 * kWarmupsPerPath + kTimed;
   // The path of timed trial j: links, messages, messages, links, ...
@@ -81,6 +99,7 @@ class PathTuner {
     return j % 4 == 0 || j % 4 == 3 ? RingPathKind::kLinks : RingPathKind::kMessages;
   }
   std::map<int, ClassState> classes_;
+  int watch_retrials_ = 0;
 };
 
 }  // namespace pipesgd

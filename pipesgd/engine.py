@@ -199,6 +199,13 @@ class Engine:
                 for b, m in self._engine.large_operations_as_messages().items()}
 
     @property
+    def path_retrials(self) -> int:
+        """How often a size class's kept path fell behind the other path's last trial
+        times (a median of four operations, 1.25x) and the class ran its trials early.
+        Waits for an operation that is running."""
+        return int(self._engine.path_watch_retrials())
+
+    @property
     def config(self) -> dict[str, float]:
         """The configuration in force (a copy): the constructor's options and the PIPESGD_*
         environment variables as read when the engine started, with the segment size and

@@ -1,5 +1,6 @@
 // The path tuner's decisions, without MPI: which operations are tried on which path,
 // which are timed, and that the agreed per-trial times decide (path_tuner.h).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -58,7 +59,7 @@ int main() {
     tuner.decide(22, times);
     const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
     EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
-    EXPECT(!tuner.record(after, 9.0), "a decided class learns nothing between its trials");
+    EXPECT(!tuner.record(after, 9.0), "a decided class agrees only every kTimed operations");
     EXPECT(tuner.choose(8 * kMiB, false).path == L, "the 8 MiB class starts its own trials");
     const auto decided = tuner.decided();
     EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
@@ -79,21 +80,74 @@ int main() {
   }
   {
     PathTuner tuner;
-    // The machine changes under the job: messages win the first trials, the links the
-    // ones kRetuneEvery operations later, and the class follows.
+    // Runs `n` operations of a decided class, each on `kept` and agreed as fast as the
+    // trials found it; run_trials() after it checks that the trials start right then.
+    auto hold = [&](int n, RingPathKind kept, double seconds) {
+      for (int i = 1; i <= n; ++i) {
+        const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
+        EXPECT(c.path == kept && !c.timed, "between trials the decision holds");
+        if (tuner.record(c, seconds)) {
+          EXPECT(i % PathTuner::kTimed == 0, "the watch agrees every kTimed operations");
+          tuner.decide(24, {seconds, seconds, seconds, seconds});
+        }
+      }
+    };
+    // A first decision holds for kRetuneSoon operations; each time the trials confirm
+    // it, for twice as long, up to kRetuneEvery.
     tuner.decide(24, run_trials(tuner, 16 * kMiB, 2.0, 1.0));
-    for (int i = 1; i < PathTuner::kRetuneEvery; ++i) {
-      const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
-      EXPECT(c.path == M && !c.timed, "between trials the decision holds");
-      EXPECT(!tuner.record(c, 1.0), "and nothing is learnt");
+    int expected = PathTuner::kRetuneSoon;
+    for (int round = 0; round < 7; ++round) {
+      hold(expected, M, 1.0);
+      EXPECT(tuner.decided().at(16 * kMiB) == M, "while the trials run, the last decision shows");
+      tuner.decide(24, run_trials(tuner, 16 * kMiB, 2.0, 1.0));
+      expected = std::min(2 * expected, PathTuner::kRetuneEvery);
     }
-    tuner.record(tuner.choose(16 * kMiB, false), 1.0);  // the kRetuneEvery-th
-    EXPECT(tuner.decided().at(16 * kMiB) == M, "while the trials run, the last decision shows");
+    EXPECT(expected == PathTuner::kRetuneEvery, "the period has reached its longest");
+    EXPECT(tuner.watch_retrials() == 0, "a steady path is never sent back early");
+    // The machine changes under the job: the links win the next trials, and the class
+    // follows, with the shortest period again.
+    hold(PathTuner::kRetuneEvery, M, 1.0);
     const PathTuner::TrialTimes again = run_trials(tuner, 16 * kMiB, 1.0, 2.0);
-    EXPECT(again[0] == 1.0 && again[1] == 2.0, "the second trials are timed afresh");
+    EXPECT(again[0] == 1.0 && again[1] == 2.0, "the trials are timed afresh");
     tuner.decide(24, again);
     EXPECT(tuner.choose(16 * kMiB, false).path == L, "the class switches to the links");
     EXPECT(tuner.decided().at(16 * kMiB) == L, "and decided() says so");
+    hold(PathTuner::kRetuneSoon, L, 1.0);
+    tuner.decide(24, run_trials(tuner, 16 * kMiB, 1.0, 2.0));
+  }
+  {
+    PathTuner tuner;
+    // The links kept (1 against the messages' 2 per operation), then watched: every
+    // kTimed operations the agreed times go to decide(). One slow operation in a window
+    // is not a spell; a window whose median passes kWatchMargin x the messages' 2 sends
+    // the class back to its trials at once, well before its period ends.
+    tuner.decide(24, run_trials(tuner, 16 * kMiB, 1.0, 2.0));
+    auto watch = [&](double seconds, RingPathKind kept) {
+      for (int i = 0; i < PathTuner::kTimed; ++i) {
+        const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
+        EXPECT(c.path == kept && !c.timed, "watched operations keep the decided path");
+        const bool agree = tuner.record(c, seconds);
+        EXPECT(agree == (i == PathTuner::kTimed - 1), "one agreement per kTimed operations");
+      }
+      return tuner.trial_times(24);
+    };
+    EXPECT(watch(1.0, L)[0] == 1.0, "the watched times are this rank's");
+    tuner.decide(24, {1.0, 9.0, 1.1, 1.0});
+    EXPECT(tuner.watch_retrials() == 0, "one slow operation keeps the decision");
+    watch(3.0, L);
+    tuner.decide(24, {2.4, 2.6, 2.4, 2.4});
+    EXPECT(tuner.watch_retrials() == 0, "a median within the margin keeps it");
+    watch(3.0, L);
+    tuner.decide(24, {3.0, 2.4, 2.6, 3.0});
+    EXPECT(tuner.watch_retrials() == 1, "a median beyond 1.25 x the messages' time: trials");
+    EXPECT(tuner.decided().at(16 * kMiB) == L, "while the trials run, the last decision shows");
+    // In the spell the messages win the new trials; the watch now compares the
+    // messages with the links' trial time.
+    tuner.decide(24, run_trials(tuner, 16 * kMiB, 4.0, 2.2));
+    EXPECT(tuner.choose(16 * kMiB, false).path == M, "the class switches to the messages");
+    watch(2.2, M);
+    tuner.decide(24, {2.2, 2.3, 2.2, 2.1});
+    EXPECT(tuner.watch_retrials() == 1, "messages as fast as in their trials keep them");
   }
   std::printf("test_path_tuner: %d failures\n", selftest::failures);
   return selftest::failures == 0 ? 0 : 1;

@@ -3,7 +3,8 @@ the faster path (csrc/path_tuner.h); results never depend on the path.
 
 Every operation, on trial or decided, must equal MPI's own Allreduce exactly (integer
 values keep every partial sum exact) and be bitwise identical on every rank; all ranks
-must keep the same path per size class. Usage: path_tuning.py tuned|fixed
+must keep the same path per size class, and send a class back to its trials alike (the
+watch over a decided path). Usage: path_tuning.py tuned|fixed
 """
 
 import hashlib
@@ -21,7 +22,7 @@ assert engine.shm_links, "this test is about ranks that share a node"
 
 SIZES = [5 << 20, 9 << 20, 1 << 20]  # two tuned classes (4 and 8 MiB), one small
 for nbytes in SIZES:
-    for i in range(8):
+    for i in range(12):  # six trials, then a watch window of four (path_tuner.h)
         rng = np.random.default_rng(1000 * comm.rank + i)
         a = rng.integers(-50, 50, nbytes // 4).astype(np.float32)
         expect = np.empty_like(a)
@@ -40,6 +41,8 @@ if mode == "tuned":
 else:  # PIPESGD_SHM_LINKS=1: one path for every size
     assert paths == {}, paths
 assert len(set(map(str, comm.allgather(sorted(paths.items()))))) == 1, "ranks chose differently"
+retrials = comm.allgather(engine.path_retrials)
+assert len(set(retrials)) == 1, f"ranks watched differently: {retrials}"
 engine.shutdown()
 if comm.rank == 0:
     print(f"path_tuning {mode}: {paths}")
