@@ -76,8 +76,13 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
     total[static_cast<int>(timed_path(j))] += shortest_over_ranks[static_cast<std::size_t>(j)];
   }
   const RingPathKind faster = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
-  const bool confirmed = s.ever_decided && faster == s.path;
-  s.retune_after = confirmed ? std::min(2 * s.retune_after, kRetuneEvery) : kRetuneSoon;
+  if (!s.ever_decided) {
+    s.retune_after = kRetuneFirst;
+  } else if (faster == s.path) {
+    s.retune_after = std::min(2 * s.retune_after, kRetuneEvery);
+  } else {
+    s.retune_after = kRetuneSoon;
+  }
   s.decided = s.ever_decided = true;
   s.since_decided = 0;
   s.path = faster;

@@ -21,10 +21,10 @@
 // class keeps the faster path for a while, then runs its trials again: which path is
 // faster can change under a running process (on a VM, with whether its two virtual CPUs
 // share an L3: docs/engine.md, "Counting launches"), and a decision taken in one state
-// would otherwise hold in the other for the rest of a job. A new or changed decision
-// holds for kRetuneSoon operations, and each one the trials confirm for twice as long
-// as the last, up to kRetuneEvery: three of every kRetuneEvery operations on the slower
-// path cost well under 1 %.
+// would otherwise hold in the other for the rest of a job. A class's first decision
+// holds for kRetuneFirst operations, a changed one for kRetuneSoon, and each one the
+// trials confirm for twice as long as the last, up to kRetuneEvery: three of every
+// kRetuneEvery operations on the slower path cost well under 1 %.
 //
 // Between trials the class watches the path it kept: every kTimed operations the ranks
 // agree on each one's shortest time, as for a trial, and when their median is more than
@@ -48,8 +48,9 @@ class PathTuner {
   static constexpr std::size_t kTunedFromBytes = 4u << 20;
   static constexpr int kWarmupsPerPath = 1;
   static constexpr int kTimedPerPath = 2;  // even: see choose()
-  static constexpr int kRetuneSoon = 16;    // operations between trials, at the least
-  static constexpr int kRetuneEvery = 256;  // and at the most
+  static constexpr int kRetuneSoon = 16;    // operations between trials after a change
+  static constexpr int kRetuneFirst = 64;   // after a class's first trials
+  static constexpr int kRetuneEvery = 256;  // at the most
   static constexpr double kWatchMargin = 1.25;
 
   struct Choice {
@@ -89,7 +90,7 @@ class PathTuner {
     bool decided = false;       // the class is between trials
     bool ever_decided = false;  // `path` holds a decision
     int since_decided = 0;      // operations since the last decision
-    int retune_after = kRetuneSoon;  // operations between this decision and the next trials
+    int retune_after = kRetuneFirst;  // operations from this decision to the next trials
     RingPathKind path = RingPathKind::kLinks;
     double per_operation[2] = {0.0, 0.0};  // each path's mean agreed trial time
   };

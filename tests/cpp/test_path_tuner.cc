@@ -92,11 +92,11 @@ int main() {
         }
       }
     };
-    // A first decision holds for kRetuneSoon operations; each time the trials confirm
+    // A first decision holds for kRetuneFirst operations; each time the trials confirm
     // it, for twice as long, up to kRetuneEvery.
     tuner.decide(24, run_trials(tuner, 16 * kMiB, 2.0, 1.0));
-    int expected = PathTuner::kRetuneSoon;
-    for (int round = 0; round < 7; ++round) {
+    int expected = PathTuner::kRetuneFirst;
+    for (int round = 0; round < 4; ++round) {
       hold(expected, M, 1.0);
       EXPECT(tuner.decided().at(16 * kMiB) == M, "while the trials run, the last decision shows");
       tuner.decide(24, run_trials(tuner, 16 * kMiB, 2.0, 1.0));
@@ -105,7 +105,7 @@ int main() {
     EXPECT(expected == PathTuner::kRetuneEvery, "the period has reached its longest");
     EXPECT(tuner.watch_retrials() == 0, "a steady path is never sent back early");
     // The machine changes under the job: the links win the next trials, and the class
-    // follows, with the shortest period again.
+    // follows, with the shortest period (a changed state may soon change back).
     hold(PathTuner::kRetuneEvery, M, 1.0);
     const PathTuner::TrialTimes again = run_trials(tuner, 16 * kMiB, 1.0, 2.0);
     EXPECT(again[0] == 1.0 && again[1] == 2.0, "the trials are timed afresh");
@@ -113,6 +113,8 @@ int main() {
     EXPECT(tuner.choose(16 * kMiB, false).path == L, "the class switches to the links");
     EXPECT(tuner.decided().at(16 * kMiB) == L, "and decided() says so");
     hold(PathTuner::kRetuneSoon, L, 1.0);
+    tuner.decide(24, run_trials(tuner, 16 * kMiB, 1.0, 2.0));
+    hold(2 * PathTuner::kRetuneSoon, L, 1.0);  // confirmed: twice as long
     tuner.decide(24, run_trials(tuner, 16 * kMiB, 1.0, 2.0));
   }
   {
