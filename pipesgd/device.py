@@ -16,11 +16,14 @@ import argparse
 import contextlib
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-import torch
 from mpi4py import MPI
 
 from pipesgd.agreement import failure_anywhere
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _node(comm: MPI.Comm | None) -> MPI.Comm:
@@ -49,6 +52,8 @@ def local_size(comm: MPI.Comm | None = None) -> int:
 def device(comm: MPI.Comm | None = None) -> torch.device:
     """The device this rank should compute on: `cuda:<local rank mod GPUs>`, made the
     current CUDA device, where CUDA is available; else the CPU. Collective over `comm`."""
+    import torch
+
     rank = local_rank(comm)
     if not torch.cuda.is_available():
         return torch.device("cpu")
@@ -70,6 +75,8 @@ def run_device(name: str, comm: MPI.Comm | None = None) -> torch.device:
         ValueError: an unknown name, or "cuda" where CUDA is not available on some rank
             (naming it).
     """
+    import torch
+
     if name not in DEVICES:
         raise ValueError(f"unknown device {name!r}: expected one of {DEVICES}")
     if name == "cpu":
@@ -84,6 +91,8 @@ def require_cuda_everywhere(comm: MPI.Comm, needed: bool, asked: str, instead: s
     ValueError("[rank R: ]{asked}, but CUDA is not available on this machine (HOST):
     {instead}"), so none goes on into a collective the failing rank never reaches."""
     def check() -> None:
+        import torch
+
         if needed and not torch.cuda.is_available():
             raise ValueError(f"{asked}, but CUDA is not available on this machine "
                              f"({socket.gethostname()}): {instead}")
@@ -94,6 +103,8 @@ def require_cuda_everywhere(comm: MPI.Comm, needed: bool, asked: str, instead: s
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """`--device cpu|cuda`, cuda by default where available (the CLIs' one rule)."""
+    import torch
+
     parser.add_argument("--device", choices=DEVICES,
                         default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cuda: each rank on the GPU of its node-local rank "
@@ -104,6 +115,8 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
 def torch_threads(threads: int | None) -> Iterator[None]:
     """Run the block with `torch.set_num_threads(threads)` (None: as it is), and give
     the count back after it, whatever the block raises."""
+    import torch
+
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

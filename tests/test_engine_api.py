@@ -3,6 +3,7 @@ the default engine. (p = 1: MPI is initialized as a singleton in this process.)"
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -78,6 +79,25 @@ def test_handle_and_negative_timeout(engine) -> None:
     assert h.done()
     with pytest.raises(ValueError, match="timeout"):
         h.wait(timeout=-1)
+
+
+def test_the_engine_alone_does_not_import_torch() -> None:
+    # torch costs every process about 1.2 s; a numpy-only user of the engine need not
+    # pay it, and the training API still loads on first use.
+    probe = (
+        "import sys, numpy as np, pipesgd\n"
+        "pipesgd.init(); a = np.arange(4, dtype=np.float32); pipesgd.allreduce(a)\n"
+        "print('torch' in sys.modules)\n"
+        "from pipesgd import DistributedOptimizer, hooks\n"
+        "print('torch' in sys.modules, DistributedOptimizer.__name__, hooks.__name__,\n"
+        "      pipesgd.broadcast_parameters.__name__, 'hooks' in dir(pipesgd))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env={**os.environ, "OMPI_MCA_btl": "^ofi"}).stdout
+    assert out.split("\n")[:2] == [
+        "False", "True DistributedOptimizer pipesgd.hooks broadcast_parameters True"], out
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        pipesgd.nonesuch  # noqa: B018
 
 
 def test_segment_bytes_validated() -> None:
