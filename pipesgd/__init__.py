@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_TRAINING_API})
 
+
 __all__ = [
     "CollectiveMismatchError",
     "DistributedOptimizer",
