@@ -371,7 +371,8 @@ def run(args: argparse.Namespace) -> None:
                 row["bound/time"] = bound / t
             if label == "pipesgd":
                 record["path"] = row["path"] = engine_path(engine, nbytes)
-                # Times the path watch sent this size back to its trials (path_tuner.h).
+                # Times the path watch sent this size back to its trials (path_tuner.h;
+                # a window ending on a size's last operation is judged at the next's).
                 record["retrials"] = engine.path_retrials - retrials_before
             records.append(record)
             rows.append(row)

@@ -266,6 +266,14 @@ void Engine::run_on_tuned_path(Operation& op) {
     ring_allreduce(*ctx_, workspace_, op, links_ ? link_path_ : message_path_);
     return;
   }
+  // The agreement a class asked for after the last operation runs here, before this
+  // one's choice: the operation that asked is already reported done, and its ranks'
+  // wait on each other here overlaps their wait at this operation's start. Every rank
+  // runs the same operations, so all agree at the same one.
+  if (agree_class_ >= 0) {
+    agree_on_path_times(agree_class_, op);
+    agree_class_ = -1;
+  }
   const PathTuner::Choice choice =
       tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
   const auto start = std::chrono::steady_clock::now();
@@ -273,17 +281,20 @@ void Engine::run_on_tuned_path(Operation& op) {
                  choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!tuner_.record(choice, seconds)) return;
+  if (tuner_.record(choice, seconds)) agree_class_ = choice.size_class;
+}
+
+void Engine::agree_on_path_times(int size_class, Operation& op) {
   // Each trial or watched operation at its shortest over the ranks: the last rank to
   // arrive did not wait for the others (path_tuner.h). Every rank decides alike.
-  PathTuner::TrialTimes mine = tuner_.trial_times(choice.size_class), shortest{};
+  PathTuner::TrialTimes mine = tuner_.trial_times(size_class), shortest{};
   MPI_Request req = MPI_REQUEST_NULL;
   const int left = (rank_ + size_ - 1) % size_;
   PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kTimed, MPI_DOUBLE,
                                MPI_MIN, ctx_->comm(), &req),
                 -1);
   ctx_->wait(req, op, left, "agreeing with every rank on the faster path", false);
-  tuner_.decide(choice.size_class, shortest);
+  tuner_.decide(size_class, shortest);
 }
 
 void Engine::comm_thread_main() {

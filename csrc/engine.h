@@ -100,6 +100,9 @@ class Engine {
   // Runs `op` on the board where it fits, else around the ring on the links or as MPI
   // messages, as the tuner says, and teaches the tuner.
   void run_on_tuned_path(Operation& op);
+  // Takes each timed operation of `size_class` at its shortest over the ranks and hands
+  // them to the tuner (an allreduce with MIN; `op` names the wait).
+  void agree_on_path_times(int size_class, Operation& op);
   // Runs `operation` on this thread, numbered next, if nothing is queued or running;
   // false (and nothing done) otherwise.
   bool run_here_if_idle(Operation& operation, bool caller_waits);
@@ -121,6 +124,7 @@ class Engine {
   std::unique_ptr<ShmBoard> board_;
   std::uint64_t board_rounds_ = 0;  // under exec_mutex_: operations the board has run
   PathTuner tuner_;          // under exec_mutex_
+  int agree_class_ = -1;     // under exec_mutex_: a class whose times await agreement
   Workspace workspace_;
   OpQueue queue_;
   std::atomic<std::uint64_t> next_seq_{0};

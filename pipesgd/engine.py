@@ -200,9 +200,9 @@ class Engine:
 
     @property
     def path_retrials(self) -> int:
-        """How often a size class's kept path fell behind the other path's last trial
-        times (a median of four operations, 1.25x) and the class ran its trials early.
-        Waits for an operation that is running."""
+        """How often the watch over a size class's kept path found it behind the other
+        path's last trials and ran the trials again early (csrc/path_tuner.h). Waits for
+        an operation that is running."""
         return int(self._engine.path_watch_retrials())
 
     @property
