@@ -16,9 +16,12 @@ reports every launch's median against MPI's in the same launch:
     python bench/allreduce.py --launches 20 --np 2      # 1, 16 and 64 MiB, pipesgd and MPI
     python bench/allreduce.py --launches 10 --np 4 --ring --sizes 64KiB,256KiB,1MiB
 
-`--ring` times, beside the engine, one without the shared-memory board (small operations
+A launch series times the engine on the caller's arrays and on its own (`Engine.zeros`,
+reduced in place where the ranks share memory, as the optimizer's buckets are).
+`--ring` times, beside them, an engine without the shared-memory board (small operations
 around the ring too). A launch series judges, per size, every launch at 0.9x MPI's speed
-or more and 8 MiB at 1.2x or more, besides the spread between launches.
+or more and 8 MiB at 1.2x or more, for both kinds of buffer, besides the spread between
+launches.
 
 Time per size is the median over repetitions of the slowest rank's time, each
 repetition starting from a barrier. algbw = bytes / time; busbw = algbw * 2(p-1)/p
@@ -71,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--settle-ms", type=float, default=2.0,
                     help="pause before each timed operation, so none pays for the last one's "
                     "leftover threads")
-    ap.add_argument("--impl", default="pipesgd,mpi,gloo", help="pipesgd,mpi,gloo")
+    ap.add_argument("--impl", default="pipesgd,shared,mpi,gloo",
+                    help="pipesgd,shared,mpi,gloo (shared: pipesgd on its own buffers, "
+                    "Engine.zeros)")
     ap.add_argument(
         "--compression",
         default=None,
@@ -145,7 +150,7 @@ def run_launch_series(args: argparse.Namespace, argv: list[str]) -> int:
     prints each size's spread over launches and its ratio to MPI, writes
     allreduce_launches_p{P}.json and .png; returns 1 if a target is missed."""
     child = strip_options(argv, ("--launches", "--np", "--sizes", "--impl", "--tag"))
-    child += ["--sizes", args.sizes or LAUNCH_SIZES, "--impl", "pipesgd,mpi"]
+    child += ["--sizes", args.sizes or LAUNCH_SIZES, "--impl", "pipesgd,shared,mpi"]
     per_launch = run_launches(Path(__file__).resolve(), args.np, args.launches, child)
     rows, summary, verdicts = summarize_launches(per_launch)
     p = args.np
@@ -167,7 +172,7 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
     """Table rows, a JSON summary and target verdicts from each launch's records."""
     rows, summary, verdicts = [], [], []
     for nbytes in sorted({r["bytes"] for launch in per_launch for r in launch}):
-        mine, mpi, paths, ring, retried = [], [], [], [], 0
+        mine, mpi, paths, ring, shared, retried = [], [], [], [], [], 0
         for launch in per_launch:
             by = {r["impl"]: r for r in launch if r["bytes"] == nbytes}
             mine.append(by["pipesgd"]["time_s"])
@@ -176,6 +181,8 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
             retried += by["pipesgd"].get("retrials", 0) > 0
             if "pipesgd-ring" in by:
                 ring.append(by["pipesgd-ring"]["time_s"])
+            if "pipesgd-shared" in by:
+                shared.append(by["pipesgd-shared"]["time_s"])
         fastest, slowest = min(mine), max(mine)
         # MPI's own spread, and that of pipesgd's time over MPI's in the same launch: the
         # machine's state moves both implementations (docs/engine.md, "Counting launches")
@@ -190,7 +197,8 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
                         "launches_retried": retried, "spread": spread,
                         "slowest_vs_mpi": slowest_vs_mpi,
                         "mpi_spread": mpi_spread, "relative_spread": relative_spread,
-                        "speed_vs_mpi": speed, **({"ring_s": ring} if ring else {})})
+                        "speed_vs_mpi": speed, **({"ring_s": ring} if ring else {}),
+                        **({"shared_s": shared} if shared else {})})
         row = {
             "size": format_size(nbytes),
             "pipesgd fastest ms": fastest * 1e3,
@@ -211,16 +219,15 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
             ring_speed = [m / t for m, t in zip(mpi, ring, strict=True)]
             row["MPI/ring alone, worst"] = min(ring_speed)
             row["MPI/ring alone, median"] = statistics.median(ring_speed)
+        judged = [("pipesgd", speed)]
+        if shared:
+            shared_speed = [m / t for m, t in zip(mpi, shared, strict=True)]
+            row["MPI/own buffers, worst"] = min(shared_speed)
+            row["MPI/own buffers, median"] = statistics.median(shared_speed)
+            judged.append(("pipesgd on its own buffers", shared_speed))
         rows.append(row)
-        below = sum(s < LAUNCH_LEVEL for s in speed)
-        verdicts.append(f"{format_size(nbytes)}: pipesgd at least {LAUNCH_LEVEL}x MPI's speed "
-                        f"in {len(speed) - below} of {len(speed)} launches "
-                        f"{'PASS' if below == 0 else 'FAIL'}")
-        if nbytes == LAUNCH_AHEAD_BYTES:
-            behind = sum(s < LAUNCH_AHEAD for s in speed)
-            verdicts.append(f"{format_size(nbytes)}: pipesgd at least {LAUNCH_AHEAD}x MPI's "
-                            f"speed in {len(speed) - behind} of {len(speed)} launches "
-                            f"{'PASS' if behind == 0 else 'FAIL'}")
+        for who, ratios in judged:
+            verdicts += level_verdicts(nbytes, who, ratios)
         verdicts.append(f"{format_size(nbytes)}: slowest / fastest launch = {spread:.2f} "
                         f"(target <= {LAUNCH_SPREAD}) "
                         f"{'PASS' if spread <= LAUNCH_SPREAD else 'FAIL'}")
@@ -229,6 +236,19 @@ def summarize_launches(per_launch: list[list[dict]]) -> tuple[list[dict], list[d
                             f"launch = {slowest_vs_mpi:.2f} (target >= 1.0) "
                             f"{'PASS' if slowest_vs_mpi >= 1.0 else 'FAIL'}")
     return rows, summary, verdicts
+
+
+def level_verdicts(nbytes: int, who: str, speed: list[float]) -> list[str]:
+    """Whether `who` ran at LAUNCH_LEVEL x MPI's speed or more in every launch (`speed`:
+    MPI's time over its own, per launch), and at LAUNCH_AHEAD x at LAUNCH_AHEAD_BYTES."""
+    out = []
+    for target, applies in ((LAUNCH_LEVEL, True), (LAUNCH_AHEAD, nbytes == LAUNCH_AHEAD_BYTES)):
+        if applies:
+            below = sum(s < target for s in speed)
+            out.append(f"{format_size(nbytes)}: {who} at least {target}x MPI's speed in "
+                       f"{len(speed) - below} of {len(speed)} launches "
+                       f"{'PASS' if below == 0 else 'FAIL'}")
+    return out
 
 
 def plot_launches(summary: list[dict], p: int, path: Path) -> None:
@@ -241,6 +261,9 @@ def plot_launches(summary: list[dict], p: int, path: Path) -> None:
     for ax, s in zip(axes[0], summary, strict=True):
         launches = range(1, len(s["pipesgd_s"]) + 1)
         ax.plot(launches, [t * 1e3 for t in s["pipesgd_s"]], "o", label="pipesgd")
+        if "shared_s" in s:
+            ax.plot(launches, [t * 1e3 for t in s["shared_s"]], "s",
+                    label="pipesgd, own buffers")
         ax.plot(launches, [t * 1e3 for t in s["mpi_s"]], "x", label="MPI Allreduce")
         ax.set_title(format_size(s["bytes"]))
         ax.set_xlabel("launch")
@@ -325,6 +348,8 @@ def run(args: argparse.Namespace) -> None:
         n = nbytes // 4
         original = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
         buf = original.copy()
+        # The engine's own buffer (Engine.zeros): reduced in place where ranks share memory.
+        shared = engine.zeros(n, np.float32) if "shared" in impls else None
         variants: list[tuple[str, Callable[[], None]]] = []
         for c in compressions if "pipesgd" in impls else []:
             label = "pipesgd" if c == "none" else f"pipesgd+{c}"
@@ -333,6 +358,8 @@ def run(args: argparse.Namespace) -> None:
             )
         for w, e in window_engines.items():
             variants.append((f"pipesgd-w{w}", lambda e=e, b=buf: e.allreduce(b, op="sum")))
+        if shared is not None:
+            variants.append(("pipesgd-shared", lambda b=shared: engine.allreduce(b, op="sum")))
         if ring_engine is not None:
             variants.append(("pipesgd-ring", lambda b=buf: ring_engine.allreduce(b, op="sum")))
         if "mpi" in impls:
@@ -343,8 +370,13 @@ def run(args: argparse.Namespace) -> None:
             tensor = torch.from_numpy(buf)
             variants.append(("gloo", lambda t=tensor: dist.all_reduce(t)))
         retrials_before = engine.path_retrials
-        medians = time_variants(comm, variants, lambda b=buf, o=original: np.copyto(b, o),
-                                args.repeat, args.warmup, args.settle_ms / 1e3)
+        def reset(b=buf, s=shared, o=original) -> None:
+            np.copyto(b, o)
+            if s is not None:
+                np.copyto(s, o)
+
+        medians = time_variants(comm, variants, reset, args.repeat, args.warmup,
+                                args.settle_ms / 1e3)
         for label, (t, cpu) in medians.items():
             algbw = nbytes / t / 1e9
             busbw = algbw * 2 * (p - 1) / p if p > 1 else algbw

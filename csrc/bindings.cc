@@ -4,6 +4,7 @@
 // arrays and torch tensors and keeps them alive until their operation ends, so
 // nothing here holds Python objects while the comm thread runs.
 #include <mpi4py/mpi4py.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <chrono>
@@ -187,6 +188,25 @@ PYBIND11_MODULE(_C, m) {
           py::arg("compression"),
           "Run the allreduce on this thread when nothing is queued, else queue it and wait "
           "for it: None once it succeeded, else the failed Operation.")
+      .def(
+          "shared_buffer",
+          [](Engine& e, std::size_t bytes) -> py::object {
+            std::shared_ptr<SharedBuffer> buffer;
+            {
+              py::gil_scoped_release release;  // collective
+              buffer = e.shared_buffer(bytes);
+            }
+            if (buffer == nullptr) return py::none();
+            // The array keeps the mapping alive, whatever becomes of the engine.
+            auto* keep = new std::shared_ptr<SharedBuffer>(buffer);
+            py::capsule owner(keep, [](void* p) {
+              delete static_cast<std::shared_ptr<SharedBuffer>*>(p);
+            });
+            return py::array_t<std::uint8_t>({bytes}, {std::size_t{1}}, buffer->mine(), owner);
+          },
+          py::arg("bytes"),
+          "Collective: a zero-filled uint8 array every rank of the node maps, reduced in "
+          "place by allreduce; None where the engine cannot share memory.")
       .def("shutdown", &Engine::shutdown, py::arg("timeout_s") = -1.0,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("rank", &Engine::rank)

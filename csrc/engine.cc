@@ -96,20 +96,21 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
     }
   }
   link_path_.links = links_.get();
-  // Three ranks or more, all on one node, with links: uncompressed operations up to the
-  // smallest board_bytes of all ranks go through the board (collective; links_ is alike
-  // on every rank). At p = 2 the ring too waits twice, and moves fewer bytes.
-  if (links_ != nullptr && all_edges_linked && transport.ranks >= 3) {
-    unsigned long long mine = config_.board_bytes, smallest = 0;
+  // All ranks on one node, with links: a board (collective; links_ is alike on every
+  // rank). With three ranks or more, uncompressed operations up to the smallest
+  // board_bytes of all ranks go through it; at p = 2 the ring too waits twice, and moves
+  // fewer bytes. At any p it reduces shared buffers in place (shm_buffers.h).
+  if (links_ != nullptr && all_edges_linked) {
+    unsigned long long mine = transport.ranks >= 3 ? config_.board_bytes : 0, smallest = 0;
     PSG_MPI_CHECK(
         MPI_Allreduce(&mine, &smallest, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, ctx_->comm()), -1);
-    if (smallest > 0) {
-      std::string why_not;
-      board_ = ShmBoard::create(ctx_->comm(), static_cast<std::size_t>(smallest), &why_not);
-      if (!board_) {
-        std::fprintf(stderr, "pipesgd: rank %d: no shared-memory board (%s); small "
-                     "operations take the ring\n", rank_, why_not.c_str());
-      }
+    std::string why_not;
+    board_ = ShmBoard::create(ctx_->comm(), static_cast<std::size_t>(smallest), &why_not);
+    if (board_) {
+      shared_buffers_ = std::make_unique<SharedBuffers>(ctx_->comm());
+    } else {
+      std::fprintf(stderr, "pipesgd: rank %d: no shared-memory board (%s); small "
+                   "operations take the ring\n", rank_, why_not.c_str());
     }
   }
   config_.board_bytes = board_ ? board_->capacity() : 0;
@@ -152,7 +153,21 @@ std::shared_ptr<Operation> Engine::make_operation(void* data, std::size_t count,
   operation->op = op;
   operation->compression = compression;
   operation->callers_waiting = callers_waiting_;
+  if (shared_buffers_ != nullptr && compression == Compression::kNone) {
+    operation->shared = shared_buffers_->find(data, count * dtype_size(dtype));
+  }
   return operation;
+}
+
+std::shared_ptr<SharedBuffer> Engine::shared_buffer(std::size_t bytes) {
+  if (shared_buffers_ == nullptr) return nullptr;
+  std::string why_not;
+  auto buffer = shared_buffers_->allocate(bytes, &why_not);
+  if (buffer == nullptr && !why_not.empty()) {
+    std::fprintf(stderr, "pipesgd: rank %d: no shared buffer of %zu bytes (%s); the caller "
+                 "allocates its own\n", rank_, bytes, why_not.c_str());
+  }
+  return buffer;
 }
 
 std::shared_ptr<Operation> Engine::allreduce(void* data, std::size_t count, DType dtype,
@@ -322,6 +337,7 @@ void Engine::shutdown(double timeout_s) {
     if (board_) board_->wake_self();
   }
   thread_.join();
+  if (shared_buffers_) shared_buffers_->close();
 }
 
 }  // namespace pipesgd

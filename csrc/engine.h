@@ -26,6 +26,7 @@
 #include "path_tuner.h"
 #include "operation.h"
 #include "shm_board.h"
+#include "shm_buffers.h"
 #include "shm_links.h"
 
 namespace pipesgd {
@@ -58,6 +59,14 @@ class Engine {
   // Otherwise it is queued as allreduce(..., caller_waits = true) does.
   std::shared_ptr<Operation> allreduce_now(void* data, std::size_t count, DType dtype,
                                            ReduceOp op, Compression compression);
+
+  // Collective: every rank, in the same order, with the same `bytes`. A zero-filled
+  // buffer every rank of the node maps, on which uncompressed allreduces run in place
+  // (shm_buffers.h); nullptr where the engine has no board (ranks on several nodes, no
+  // shared-memory links) or the memory could not be mapped (said on stderr), and the
+  // caller then allocates its own. Throws std::invalid_argument when ranks ask for
+  // different sizes.
+  std::shared_ptr<SharedBuffer> shared_buffer(std::size_t bytes);
 
   // Stops accepting work, lets queued operations finish for up to timeout_s
   // (negative: PIPESGD_SHUTDOWN_SECONDS), then fails what is left. Idempotent.
@@ -123,6 +132,8 @@ class Engine {
   // Every rank on one node with links: small operations go through the board.
   std::unique_ptr<ShmBoard> board_;
   std::uint64_t board_rounds_ = 0;  // under exec_mutex_: operations the board has run
+  // Where there is a board: buffers every rank maps, reduced in place on the board.
+  std::unique_ptr<SharedBuffers> shared_buffers_;
   PathTuner tuner_;          // under exec_mutex_
   int agree_class_ = -1;     // under exec_mutex_: a class whose times await agreement
   Workspace workspace_;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dtype.h"
+#include "shm_buffers.h"
 
 namespace pipesgd {
 
@@ -36,6 +37,9 @@ struct Operation {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kAverage;
   Compression compression = Compression::kNone;
+  // Where `data` lies in a buffer every rank maps (uncompressed operations only; the
+  // board then reduces it in place): set at submission.
+  SharedPlace shared;
   // The engine's count of threads blocked in wait() (shared: a handle may outlive it).
   std::shared_ptr<std::atomic<int>> callers_waiting;
   // False for a gated operation until open_gate(): its buffer was still being filled

@@ -11,7 +11,8 @@ engine, and later unpacks the reduced buffers back into the gradients. A caller 
 lend the buffers out as the gradients themselves (`param_views`, DDP's
 gradient-as-bucket-view): backward then accumulates straight into them and packing one
 is free. Nothing here knows about staleness or optimizers (that is `pipesgd.delay`):
-the data-parallel optimizer uses it; the DDP hook reduces DDP's own buckets.
+the data-parallel optimizer uses it, with its buffers in the engine's shared memory
+where the ranks share a node; the DDP hook reduces DDP's own buckets.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -126,12 +128,16 @@ class GradientBuckets:
         bucket_bytes: target bucket size in bytes (see `BucketLayout.build`).
         sets: how many independent copies of the buckets to keep (one per gradient in
             flight at once).
+        engine: on the CPU, the buffers come from `engine.zeros` (collective: every
+            rank builds the same buckets in the same order). Where the ranks share a
+            node's memory the engine then reduces them in place, without copies.
 
     Raises:
         ValueError: `sets` < 1 or `bucket_bytes` <= 0.
     """
 
-    def __init__(self, params: Sequence[Tensor], bucket_bytes: int, sets: int = 1) -> None:
+    def __init__(self, params: Sequence[Tensor], bucket_bytes: int, sets: int = 1,
+                 engine: Engine | None = None) -> None:
         if sets < 1:
             raise ValueError(f"need at least one set of buckets, got sets={sets}")
         self.params = list(params)
@@ -141,9 +147,13 @@ class GradientBuckets:
                              " move the model to one device first")
         device = devices.pop() if devices else torch.device("cpu")
         self.layout = BucketLayout.build(self.params, bucket_bytes)
+        def zeros(bucket: Bucket) -> Tensor:
+            if engine is None or device.type != "cpu":
+                return torch.zeros(bucket.numel, dtype=bucket.dtype, device=device)
+            return torch.from_numpy(engine.zeros(bucket.nbytes, np.uint8)).view(bucket.dtype)
+
         self.buffers: list[list[Tensor]] = [
-            [torch.zeros(b.numel, dtype=b.dtype, device=device) for b in self.layout.buckets]
-            for _ in range(sets)
+            [zeros(b) for b in self.layout.buckets] for _ in range(sets)
         ]
         # built once: slicing a view per parameter on every step costs microseconds each
         self._views = [[self._make_views(s, b) for b in range(self.num_buckets)]

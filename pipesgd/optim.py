@@ -35,7 +35,7 @@ import torch
 from mpi4py import MPI
 from torch import Tensor, nn
 
-from pipesgd.buckets import GradientBuckets, dense_strides, is_view
+from pipesgd.buckets import BucketLayout, GradientBuckets, dense_strides, is_view
 from pipesgd.buffers import COMPRESSIONS
 from pipesgd.delay import Delayed, DelayedQueue, DelaySchedule
 from pipesgd.engine import Engine, Handle
@@ -163,7 +163,12 @@ class DistributedOptimizer:
                 f"the engine spans {self.engine.size} ranks but comm has {self.comm.size}: "
                 "pass the communicator the engine was built on as comm="
             )
-        self.buckets = GradientBuckets(self.params, int(self.bucket_mb * 2**20), sets=staleness)
+        bucket_bytes = int(self.bucket_mb * 2**20)
+        # Checked before the buckets, whose allocation is collective (Engine.zeros).
+        _check_across_ranks(self.comm, self._describe(BucketLayout.build(self.params,
+                                                                         bucket_bytes)))
+        self.buckets = GradientBuckets(self.params, bucket_bytes, sets=staleness,
+                                       engine=self.engine)
         on_device = any(p.device.type != "cpu" for p in self.params)
         if on_device and staging is False:
             raise ValueError(
@@ -177,7 +182,6 @@ class DistributedOptimizer:
                                         torch.device("cpu"))
             self._host = [[self._staging.host_like(b) for b in buffers]
                           for buffers in self.buckets.buffers]
-        _check_across_ranks(self.comm, self._describe())
 
         self.timing = StepTiming()
         self.grad_scaler = grad_scaler if grad_scaler is not None and grad_scaler.is_enabled() \
@@ -433,7 +437,7 @@ class DistributedOptimizer:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _describe(self) -> dict[str, Any]:
+    def _describe(self, layout: BucketLayout) -> dict[str, Any]:
         return {
             "params": [
                 (n, tuple(p.shape), str(p.dtype).removeprefix("torch."), dense_strides(p))
@@ -445,7 +449,7 @@ class DistributedOptimizer:
                 "warmup_steps": self.warmup_steps,
                 "ramp_steps": self.ramp_steps,
             },
-            "layout": self.buckets.layout.describe(),
+            "layout": layout.describe(),
             "bucket_mb": self.bucket_mb,
         }
 

@@ -41,6 +41,17 @@ def test_shm_links_1_keeps_every_size_on_the_links() -> None:
     run_mpi(2, "path_tuning.py", "fixed", timeout=240, env={"PIPESGD_SHM_LINKS": "1"})
 
 
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_shared_buffers_reduce_in_place(np_: int) -> None:
+    out = run_mpi(np_, "engine_shared_buffers.py", timeout=240)
+    assert f"p={np_} shared={np_ > 1} leftover=[] ok" in out.stdout
+
+
+def test_shared_buffers_are_ordinary_without_shared_memory() -> None:
+    out = run_mpi(2, "engine_shared_buffers.py", timeout=240, env={"PIPESGD_SHM_LINKS": "0"})
+    assert "p=2 shared=False leftover=[] ok" in out.stdout
+
+
 def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
     before = {f.name for f in Path("/dev/shm").glob("pipesgd-*")}
     run_mpi(3, "engine_allreduce.py", "65536", timeout=240)
@@ -50,7 +61,7 @@ def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
 @pytest.mark.parametrize(
     "scenario",
     ["mismatch-count", "mismatch-blocking", "mismatch-dtype", "mismatch-ring",
-     "mismatch-board-ring", "missing-peer", "drop-buffers", "shutdown-inflight",
+     "mismatch-board-ring", "mismatch-shared", "missing-peer", "drop-buffers", "shutdown-inflight",
      "blocking-order", "shutdown-aborts-blocking"],
 )
 @pytest.mark.parametrize("np_", [2, 3])

@@ -1,5 +1,6 @@
 #include "allreduce/board.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -32,8 +33,32 @@ void announce_operation(ShmBoard& board, const Operation& op) {
 
 bool board_takes(const ShmBoard& board, const Operation& op) {
   return op.compression == Compression::kNone &&
-         op.count * dtype_size(op.dtype) <= board.capacity();
+         (op.shared.buffer != nullptr || op.count * dtype_size(op.dtype) <= board.capacity());
 }
+
+namespace {
+
+// Sums elements [begin, begin + len) of every rank's data, in rank order, and writes the
+// sums into every rank's data: block by block through a buffer that stays in the core's
+// cache, so each byte of memory is read once and written once.
+void reduce_into_every_part(const Operation& op, int ranks, std::size_t begin, std::size_t len) {
+  constexpr std::size_t kBlockBytes = 16 * 1024;
+  alignas(64) unsigned char block[kBlockBytes];
+  const std::size_t elem = dtype_size(op.dtype);
+  const std::size_t per_block = kBlockBytes / elem;
+  auto part = [&](int q, std::size_t at) {
+    return op.shared.buffer->part(q) + op.shared.offset + at * elem;
+  };
+  for (std::size_t at = begin; at < begin + len; at += per_block) {
+    const std::size_t n = std::min(per_block, begin + len - at);
+    std::memcpy(block, part(0, at), n * elem);
+    for (int q = 1; q < ranks; ++q) add_into(op.dtype, block, part(q, at), n);
+    if (op.op == ReduceOp::kAverage) divide_by(op.dtype, block, n, ranks);
+    for (int q = 0; q < ranks; ++q) std::memcpy(part(q, at), block, n * elem);
+  }
+}
+
+}  // namespace
 
 void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t round) {
   const int p = board.ranks();
@@ -51,9 +76,11 @@ void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint
     ctx.wait_on_bell(board, [&] { return board.read_by(q) >= round - 1; }, op, q,
                      "waiting for the board's slot to be read");
   }
+  // In a shared buffer the data stays where it is; the slot holds the header alone.
+  const bool in_place = op.shared.buffer != nullptr;
   unsigned char* own = board.slot(me, round);
   std::memcpy(own, &mine, sizeof mine);
-  if (bytes > 0) std::memcpy(own + ShmBoard::kNoteBytes, op.data, bytes);
+  if (!in_place && bytes > 0) std::memcpy(own + ShmBoard::kNoteBytes, op.data, bytes);
   board.post(round, op.seq, ShmBoard::Stage::kData);
 
   // Every other rank's contribution, or its announcement of another operation.
@@ -84,20 +111,22 @@ void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint
   const RingLayout layout(op.count, p, me, 1);
   const std::size_t begin = layout.chunk_begin(me) * elem;
   const std::size_t len = layout.chunk_len(me);
-  if (len > 0) {
+  if (in_place) {
+    reduce_into_every_part(op, p, layout.chunk_begin(me), len);
+  } else if (len > 0) {
     std::memcpy(out + begin, data(0) + begin, len * elem);
     for (int q = 1; q < p; ++q) add_into(op.dtype, out + begin, data(q) + begin, len);
     if (op.op == ReduceOp::kAverage) divide_by(op.dtype, out + begin, len, p);
     std::memcpy(data(me) + begin, out + begin, len * elem);
   }
   board.post(round, op.seq, ShmBoard::Stage::kReduced);
-  // Every other rank's reduced chunk, copied byte for byte.
+  // Every other rank's reduced chunk: copied byte for byte, or already written in place.
   for (int q = 0; q < p; ++q) {
     if (q == me) continue;
     ctx.wait_on_bell(
         board, [&] { return board.posted(q, round, op.seq, ShmBoard::Stage::kReduced); }, op,
         q, "waiting for its reduced chunk on the board");
-    if (const std::size_t n = layout.chunk_len(q); n > 0) {
+    if (const std::size_t n = layout.chunk_len(q); n > 0 && !in_place) {
       const std::size_t chunk = layout.chunk_begin(q) * elem;
       std::memcpy(out + chunk, data(q) + chunk, n * elem);
     }

@@ -21,6 +21,8 @@ struct RingHeader {
   std::int32_t compression;
   std::int32_t rank;
   std::uint64_t segment_elems;  // ranks must cut segments alike; 0: not cut (board.h)
+  std::uint64_t shared_id;      // 1 + the shared buffer's number (shm_buffers.h); 0: none
+  std::uint64_t shared_offset;  // of the data in that buffer's parts
 };
 
 RingHeader make_ring_header(const Operation& op, int rank, std::size_t segment_elems);

@@ -72,6 +72,14 @@ elif scenario == "mismatch-board-ring":
     n = 1000 + (7 if r == p - 1 else 0)
     expect_mismatch(engine, np.ones(n, np.float32),
                     ["allreduce #0", "1000 x float32", "1007 x float32", f"rank {p - 1}"])
+elif scenario == "mismatch-shared":
+    # The last rank passes an ordinary array where the others pass the engine's shared
+    # one: the others would reduce in place, it around the ring or through the board.
+    engine = pipesgd.Engine(comm)
+    buf = engine.zeros(1000, np.float32)  # collective
+    buf = np.ones(1000, np.float32) if r == p - 1 else buf
+    expect_mismatch(engine, buf, ["allreduce #0", "in shared buffer #0 at byte 0",
+                                  f"rank {p - 1}"])
 elif scenario == "missing-peer":
     engine = pipesgd.Engine(comm)
     silent = p - 1
