@@ -1,7 +1,10 @@
 #include "allreduce/board.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <string>
 
 #include "allreduce/elementwise.h"
@@ -43,7 +46,11 @@ namespace {
 // cache, so each byte of memory is read once and written once.
 void reduce_into_every_part(const Operation& op, int ranks, std::size_t begin, std::size_t len) {
   constexpr std::size_t kBlockBytes = 16 * 1024;
-  alignas(64) unsigned char block[kBlockBytes];
+  // Allocated, not an array of bytes on the stack, so that it may hold any dtype.
+  const std::unique_ptr<unsigned char, decltype(&std::free)> storage(
+      static_cast<unsigned char*>(std::aligned_alloc(64, kBlockBytes)), &std::free);
+  if (storage == nullptr) throw std::bad_alloc();
+  unsigned char* block = storage.get();
   const std::size_t elem = dtype_size(op.dtype);
   const std::size_t per_block = kBlockBytes / elem;
   auto part = [&](int q, std::size_t at) {

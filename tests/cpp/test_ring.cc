@@ -210,6 +210,36 @@ int main(int argc, char** argv) {
 
     if (size > 1) check_mixed_ring(rank, size);
 
+    // The engine's own buffers (shm_buffers.h), reduced in place on the board: exact,
+    // identical on every rank, and a slice leaves the rest of the buffer alone.
+    {
+      Engine shared(MPI_COMM_WORLD, 0);
+      for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, std::size_t{70001}}) {
+        auto buffer = shared.shared_buffer(count * sizeof(float));
+        EXPECT((buffer != nullptr) == (size > 1 && shared.uses_shm_links()),
+               "a shared buffer exists exactly where the ranks share links");
+        if (buffer == nullptr) continue;
+        auto* data = reinterpret_cast<float*>(buffer->mine());
+        std::vector<float> expect(count);
+        for (std::size_t i = 0; i < count; ++i) {
+          data[i] = static_cast<float>((i * 5 + static_cast<std::size_t>(rank)) % 11) - 5.0f;
+        }
+        MPI_Allreduce(data, expect.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+        // The whole buffer but its first element.
+        auto op = shared.allreduce(data + 1, count - 1, DType::kFloat32, ReduceOp::kSum,
+                                   Compression::kNone);
+        op->wait(-1);
+        EXPECT(op->status() == OpStatus::kDone, "shared buffer: %s", op->error().c_str());
+        EXPECT(data[0] == static_cast<float>(rank % 11) - 5.0f, "the slice's outside changed");
+        EXPECT(std::memcmp(data + 1, expect.data() + 1, (count - 1) * sizeof(float)) == 0,
+               "shared buffer of %zu: not MPI's sums", count);
+        EXPECT(same_on_all_ranks(data + 1, (count - 1) * sizeof(float)),
+               "shared buffer of %zu: ranks differ", count);
+      }
+      shared.shutdown(-1);
+    }
+
     // Mismatched counts fail on every rank instead of corrupting memory.
     if (size > 1) {
       Engine broken(MPI_COMM_WORLD, 4096);
