@@ -228,10 +228,11 @@ def measure_communication(model: nn.Module, compression: str, bucket_mb: float,
                           repeats: int = 7) -> float:
     """Median time of one iteration's gradient allreduce alone (all buckets, in flight together)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    buckets = GradientBuckets(params, int(bucket_mb * 2**20))
+    engine = default_engine()
+    # The optimizer's own buffers: in the engine's shared memory where the ranks share it.
+    buckets = GradientBuckets(params, int(bucket_mb * 2**20), engine=engine)
     for b in buckets.buffers[0]:
         b.normal_()
-    engine = default_engine()
     times = []
     for _ in range(repeats + 1):
         MPI.COMM_WORLD.Barrier()
