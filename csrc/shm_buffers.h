@@ -2,7 +2,7 @@
 // allocation is one region of p equal parts, part q being rank q's buffer, so an
 // allreduce on such buffers reads every rank's data where it lies and writes the sums
 // straight into every part (allreduce/board.h): no copy into links or onto a board, and
-// about half the memory traffic of a ring (docs/engine.md, "Buffers in shared memory").
+// less than half the memory traffic of a ring (docs/engine.md, "Buffers in shared memory").
 #pragma once
 
 #include <mpi.h>
