@@ -215,6 +215,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("segment_bytes", &Engine::segment_bytes)
       .def_property_readonly("window", &Engine::window)
       .def_property_readonly("shm_links", &Engine::uses_shm_links)
+      .def_property_readonly("shares_memory", &Engine::shares_memory)
       .def_property_readonly("board_bytes",
                              [](const Engine& e) { return e.config().board_bytes; })
       .def_property_readonly("linked_edges",

@@ -67,6 +67,8 @@ class Engine {
   // caller then allocates its own. Throws std::invalid_argument when ranks ask for
   // different sizes.
   std::shared_ptr<SharedBuffer> shared_buffer(std::size_t bytes);
+  // Whether shared_buffer() can map memory every rank shares (one node, links).
+  bool shares_memory() const { return shared_buffers_ != nullptr; }
 
   // Stops accepting work, lets queued operations finish for up to timeout_s
   // (negative: PIPESGD_SHUTDOWN_SECONDS), then fails what is left. Idempotent.

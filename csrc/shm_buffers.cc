@@ -103,16 +103,15 @@ std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::st
 }
 
 SharedPlace SharedBuffers::find(const void* data, std::size_t bytes) const {
-  const auto* begin = static_cast<const unsigned char*>(data);
+  // Compared as addresses: pointers into different objects have no order in C++.
+  const auto at = reinterpret_cast<std::uintptr_t>(data);
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& weak : live_) {
     auto buffer = weak.lock();
     if (!buffer) continue;
-    const unsigned char* mine = buffer->mine();
-    // Compared as addresses: pointers into different objects have no order in C++.
-    const auto at = reinterpret_cast<std::uintptr_t>(begin);
-    const auto from = reinterpret_cast<std::uintptr_t>(mine);
-    if (at >= from && at - from <= buffer->part_bytes() && bytes <= buffer->part_bytes() - (at - from)) {
+    const auto from = reinterpret_cast<std::uintptr_t>(buffer->mine());
+    const std::size_t size = buffer->part_bytes();
+    if (at >= from && at - from <= size && bytes <= size - (at - from)) {
       return SharedPlace{std::move(buffer), static_cast<std::size_t>(at - from)};
     }
   }

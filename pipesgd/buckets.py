@@ -18,6 +18,7 @@ where the ranks share a node; the DDP hook reduces DDP's own buckets.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -150,7 +151,7 @@ class GradientBuckets:
         def zeros(bucket: Bucket) -> Tensor:
             if engine is None or device.type != "cpu":
                 return torch.zeros(bucket.numel, dtype=bucket.dtype, device=device)
-            return torch.from_numpy(engine.zeros(bucket.nbytes, np.uint8)).view(bucket.dtype)
+            return engine_zeros(engine, (bucket.numel,), bucket.dtype)
 
         self.buffers: list[list[Tensor]] = [
             [zeros(b) for b in self.layout.buckets] for _ in range(sets)
@@ -238,6 +239,16 @@ class GradientBuckets:
         return engine.allreduce_async(
             self.buffers[set_index][bucket], op=op, compression=compression
         )
+
+
+def engine_zeros(engine: Engine, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A zero-filled CPU tensor in `engine`'s memory (`Engine.zeros`, collective): where
+    the ranks share a node, the engine reduces it in place."""
+    numel = math.prod(shape)
+    raw = engine.zeros(numel * torch.empty((), dtype=dtype).element_size(), np.uint8)
+    if numel == 0:  # torch cannot view an empty byte array as another dtype
+        return torch.zeros(shape, dtype=dtype)
+    return torch.from_numpy(raw).view(dtype).view(shape)
 
 
 def dense_strides(tensor: Tensor) -> tuple[int, ...]:

@@ -175,6 +175,12 @@ class Engine:
         return bool(self._engine.shm_links)
 
     @property
+    def shares_memory(self) -> bool:
+        """Whether `zeros` lends memory every rank maps (all ranks on one node, with
+        shared-memory links), which allreduce reduces in place."""
+        return bool(self._engine.shares_memory)
+
+    @property
     def board_bytes(self) -> int:
         """Uncompressed operations up to this many bytes go through the shared-memory
         board instead of the ring; 0 when there is none (two ranks, ranks on several

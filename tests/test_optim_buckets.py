@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pipesgd
-from pipesgd.buckets import BucketLayout, GradientBuckets, dense_strides
+from pipesgd.buckets import BucketLayout, GradientBuckets, dense_strides, engine_zeros
 
 
 def tensors(*shapes, dtype=torch.float32):
@@ -32,6 +32,20 @@ def test_bad_sizes() -> None:
         BucketLayout.build(tensors(3), 0)
     with pytest.raises(ValueError, match="at least one set"):
         GradientBuckets(tensors(3), 64, sets=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (5,), (2, 3)])
+def test_engine_zeros_gives_tensors_of_any_shape_and_dtype(shape: tuple[int, ...],
+                                                            dtype: torch.dtype) -> None:
+    # Empty ones too: a replicated stage without parameters has an empty gradient.
+    engine = pipesgd.Engine()
+    t = engine_zeros(engine, shape, dtype)
+    assert t.shape == shape and t.dtype == dtype and not t.any()
+    if t.numel():
+        t.fill_(2)
+        assert engine.allreduce(t, op="sum") is t and torch.all(t == 2 * engine.size)
+    engine.shutdown()
 
 
 def test_pack_submit_unpack_round_trip() -> None:

@@ -256,13 +256,14 @@ def test_a_ring_step_longer_than_the_wait_for_a_core_hides_it():
     # thread's core hides behind it, a 0.4 ms one too; a small ring pays the whole wait.
     bulk = M.ring_allreduce_cost(4e6, 4, net())
     assert bulk.transfer == pytest.approx(6e-3)
-    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=1e-3)) == 0.0
-    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=4e-4)) == 0.0
-    assert M.core_wait_seconds(bulk, 4, net(load_latency_s=3e-3)) == pytest.approx(6 * 2e-3)
+    assert M.core_wait_seconds(bulk, net(load_latency_s=1e-3)) == 0.0
+    assert M.core_wait_seconds(bulk, net(load_latency_s=4e-4)) == 0.0
+    assert M.core_wait_seconds(bulk, net(load_latency_s=3e-3)) == pytest.approx(6 * 2e-3)
     small = M.ring_allreduce_cost(4e3, 4, net())
-    assert M.core_wait_seconds(small, 4, net(load_latency_s=1e-3)) == pytest.approx(
+    assert M.core_wait_seconds(small, net(load_latency_s=1e-3)) == pytest.approx(
         6 * (1e-3 - small.transfer / 6))
-    assert M.core_wait_seconds(bulk, 1, net(load_latency_s=1e-3)) == 0.0
+    alone = M.ring_allreduce_cost(4e6, 1, net())
+    assert M.core_wait_seconds(alone, net(load_latency_s=1e-3)) == 0.0
     # so Pipe-SGD over a slow link, communication-bound, is the unloaded ring
     fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
     W = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
@@ -578,3 +579,42 @@ def test_profile_keeps_gradients_in_place_and_times_their_zeroing():
     assert pr.forward_s >= 5e-3
     assert all(p.grad is g for p, g in zip(model.parameters(), lent, strict=True))
     assert any(g.abs().sum() > 0 for g in lent)  # the backward wrote into them
+
+
+# -- the engine's own buffers, reduced in place on one node ---------------------------
+
+def test_in_place_allreduce_is_two_waits_and_its_bytes_once():
+    one_node = net(in_place_s_per_byte=5e-11)
+    cost = M.in_place_allreduce_cost(4e6, 4, one_node)
+    # by hand: 2 α + n β_in_place + S, every byte on the comm thread's CPU
+    assert cost.wall() == pytest.approx(2 * 1e-5 + 4e6 * 5e-11 + 2e-5)
+    assert cost.cpu == pytest.approx(4e6 * 5e-11) and cost.kernels == 0.0
+    assert cost.waits == 2
+    assert M.in_place_allreduce_cost(4e6, 1, one_node) == M.RingCost()
+
+
+@pytest.mark.parametrize("mode", ["none", "trunc16", "quant8"])
+def test_allreduce_cost_is_in_place_only_where_the_engine_takes_that_path(mode: str):
+    one_node = net(in_place_s_per_byte=5e-11)
+    ring = M.ring_allreduce_cost(4e6, 4, one_node, mode)
+    expected = M.in_place_allreduce_cost(4e6, 4, one_node) if mode == "none" else ring
+    assert M.allreduce_cost(4e6, 4, one_node, mode) == expected
+    # not measured (several nodes, a described cluster): the ring
+    assert M.allreduce_cost(4e6, 4, net(), mode) == M.ring_allreduce_cost(4e6, 4, net(), mode)
+    # buckets staged from a GPU are not the engine's buffers: the ring
+    staged = net(in_place_s_per_byte=5e-11, device_copy_s_per_byte=1e-10)
+    assert M.allreduce_cost(4e6, 4, staged, mode) == M.ring_allreduce_cost(4e6, 4, staged, mode)
+
+
+def test_predict_uses_the_in_place_cost_for_uncompressed_buckets():
+    # Communication-bound D-Sync, sequential: the iteration is compute + one allreduce.
+    fast = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    ring = predict(fast, net(), 4, staleness=1)
+    in_place = predict(fast, net(in_place_s_per_byte=5e-11), 4, staleness=1)
+    saved = M.ring_allreduce_cost(4e6, 4, net()).wall() - \
+        M.in_place_allreduce_cost(4e6, 4, net(in_place_s_per_byte=5e-11)).wall()
+    assert ring.predicted_s - in_place.predicted_s == pytest.approx(saved)
+    # compressed configurations are unchanged
+    q = [predict(fast, n, 4, staleness=1, compression="quant8").predicted_s
+         for n in (net(), net(in_place_s_per_byte=5e-11))]
+    assert q[0] == pytest.approx(q[1])

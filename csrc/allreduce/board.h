@@ -4,14 +4,14 @@
 //      slots in rank order (as ring_layout.h cuts chunks), and posts it in its slot;
 //   3. every rank copies each other chunk from its owner's slot.
 // Each element is summed once, by one rank, in a fixed order, then copied byte for byte,
-// so every rank ends bitwise identical.
-// An operation on a buffer every rank maps (shm_buffers.h) runs the same two waits with
-// no copies: the slots hold only its header, rank r sums chunk r where the data lies and
-// writes the sums into every rank's part, so each rank reads and writes its buffer's size
-// once, at any size. Two waits where the ring's 2(p - 1) steps each
+// so every rank ends bitwise identical. Two waits where the ring's 2(p - 1) steps each
 // wait for a neighbour; but each rank reads and writes about four times the buffer
 // where the ring's sends and receives come to 4(p - 1)/p of it, so only small
 // operations take it (docs/engine.md, "Small operations: the board").
+// An operation on a buffer every rank maps (shm_buffers.h) runs the same two waits with
+// no copies, at any size: the slots hold only its header, rank r sums chunk r where the
+// data lies and writes the sums into every rank's part, so each rank reads its buffer's
+// size once and writes it once.
 #pragma once
 
 #include <cstdint>

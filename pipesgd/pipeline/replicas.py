@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -120,9 +119,7 @@ class ReplicaGradientSync:
         spans = [slice(i, i + step) for i in range(0, flat_sum.numel(), step)]
         staged: Tensor | None = None
         if self.staging is None:
-            # Every replica allocates at the same rounds (the free list follows the
-            # schedule alone), as the engine's collective zeros() needs.
-            buf = self._buffer(flat_sum, "cpu", lambda: self._engine_zeros(flat_sum))
+            buf = self._buffer(flat_sum, "cpu", lambda: self._host_zeros(flat_sum))
             buf.copy_(flat_sum.detach())
             handles = [self.engine.allreduce_async(buf[s], op="sum",
                                                    compression=self.compression)
@@ -140,11 +137,13 @@ class ReplicaGradientSync:
         self._pending.push(self._round, (handles, buf, counter, staged))
         self._round += 1
 
-    def _engine_zeros(self, like: Tensor) -> Tensor:
-        """A host buffer shaped like `like` in the engine's memory: where the replicas
-        share a node, the engine reduces it in place (Engine.zeros)."""
-        raw = self.engine.zeros(like.numel() * like.element_size(), np.uint8)
-        return torch.from_numpy(raw).view(like.dtype).view(like.shape)
+    def _host_zeros(self, like: Tensor) -> Tensor:
+        """A host buffer like `like` in the engine's memory: where the replicas share a
+        node, the engine reduces it in place. Every replica allocates at the same rounds
+        (the free list follows the schedule alone), as that collective needs."""
+        from pipesgd.buckets import engine_zeros  # this module imports without the engine
+
+        return engine_zeros(self.engine, tuple(like.shape), like.dtype)
 
     def _buffer(self, like: Tensor, device: torch.device | str,
                 allocate: Callable[[], Tensor]) -> Tensor:

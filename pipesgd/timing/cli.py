@@ -130,6 +130,9 @@ def format_network(net: Any) -> str:
         f"  copy   {net.copy_s_per_byte * 1e9:10.4f} ns/B      memcpy, one core",
         f"  S      {net.sync_s * 1e6:10.2f} us        barrier",
     ]
+    if net.in_place_s_per_byte:
+        lines.append(f"  in place {net.in_place_s_per_byte * 1e9:8.4f} ns/B      allreduce of the "
+                     "engine's own buffers, one node")
     if net.device_copy_s_per_byte:
         lines.append(f"  delta  {net.device_copy_s_per_byte * 1e9:10.4f} ns/B      "
                      f"= {1e-9 / net.device_copy_s_per_byte:.2f} GB/s GPU <-> pinned host "

@@ -203,6 +203,28 @@ def measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
     return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
+def measure_in_place(comm: Any, engine: Any, sizes: tuple[int, int],
+                     repeats: int) -> tuple[float, float]:
+    """β_in_place and its spread: the slope, per buffer byte, of the slowest rank's
+    uncompressed allreduce of the engine's own buffers (`Engine.zeros`, reduced in place
+    where the ranks share a node's memory) between two sizes, sums included
+    (collective). 0 where the engine lends no shared memory."""
+    import numpy as np
+
+    if not engine.shares_memory:
+        return 0.0, 0.0
+    medians: dict[int, float] = {}
+    spread = 0.0
+    for n in sizes:
+        buf = engine.zeros(n // 4, np.float32)
+        buf[:] = 1.0  # averaged, it stays 1
+        run = functools.partial(engine.allreduce, buf, op="average")
+        walls = _slowest_seconds(comm, run, repeats, warmups=1)
+        medians[n], spread = median_spread(walls)
+    small, large = sizes
+    return max(medians[large] - medians[small], 1e-15) / (large - small), spread
+
+
 def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
                        gamma: float) -> tuple[float, float]:
     """β and its spread over a network: the slope of the slowest rank's uncompressed engine

@@ -14,6 +14,7 @@ from pipesgd.timing.link_probes import (
     measure_alpha,
     measure_beta,
     measure_eager,
+    measure_in_place,
     measure_node_link,
     measure_ring_beta,
     node_key,
@@ -64,6 +65,10 @@ def measure_network(
       it, against one alone, per ring step (`host_costs.engine_costs`).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
+    * β_in_place: within one node, where the engine lends memory every rank maps, the
+      slope of its uncompressed allreduce of such buffers between the two `large_bytes`
+      sizes, per buffer byte, sums included (`measure_in_place`): how the optimizer's
+      buckets are reduced there.
     * eager: the largest message rank 0 sends to α's peer before the peer posts its
       receive (`measure_eager`): the transport's eager limit (64 KiB less a header for
       Open MPI over TCP).
@@ -140,7 +145,7 @@ def measure_network(
         spread.update(kernel_spread)
 
         # beta: a ring at two sizes; then the burst, beta_cpu and the load latency
-        beta = beta_cpu = burst = load_latency = 0.0
+        beta = beta_cpu = burst = load_latency = in_place = 0.0
         if size > 1:
             segment = engine.segment_bytes
             if spans_nodes:
@@ -152,6 +157,8 @@ def measure_network(
             else:
                 beta, spread["beta"] = measure_beta(comm, large_bytes, repeats, segment,
                                                      oversubscribed)
+                in_place, spread["in_place"] = measure_in_place(comm, engine, large_bytes,
+                                                                 repeats)
             beta_cpu, load_latency, spread["load_latency"] = engine_costs(
                 comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
@@ -180,6 +187,7 @@ def measure_network(
         node_beta_s_per_byte=None if node_link is None else node_link[1],
         ranks_per_node=keys.count(keys[0]) if spans_nodes else None,
         device_copy_s_per_byte=device_copy,
+        in_place_s_per_byte=in_place,
         eager_bytes=eager,
         measured_p=size,
         spread={k: round(v, 4) for k, v in spread.items()},

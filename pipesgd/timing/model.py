@@ -12,7 +12,7 @@ Paper, as implemented here (`eq2_sync` ... `eq7_scaling_efficiency` are the lite
     eq. 6  ring, L segments:  l_comm = 2(p-1)L α + 2(p-1)/p n β + (p-1)/p n γ + L S
     eq. 7  scaling eff.:      SE = (l_up + l_comp) / max(l_up + l_comp, l_comm)
 
-Extensions (`ring_allreduce_cost`, `predict`):
+Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
 
 * Compression: the wire carries `wire_bytes` (n/2 for trunc16; n/4 + 4 B per ring segment
   for quant8), so the β term is 2(p-1) w β with w the wire bytes of one chunk of n/p. The
@@ -66,6 +66,12 @@ Extensions (`ring_allreduce_cost`, `predict`):
   kernels) is hidden while the transfer is longer. Where the comm thread's own CPU
   moves the bytes (β_cpu > 0, every measured network) kernels and transfer take turns
   on that core and add up, as in eq. 5.
+* In place on one node (`in_place_allreduce_cost`): where every rank shares one node's
+  memory, the optimizer's buckets are the engine's own buffers, and an uncompressed
+  allreduce of them is no ring: two waits on the board, then each rank reads and writes
+  n bytes once (`Engine.zeros`; docs/engine.md). It costs 2 α + n β_in_place + S, with
+  β_in_place measured whole (the sums included) and burnt on the comm thread's CPU;
+  compressed allreduces, and buckets staged from a GPU, keep the ring.
 * Packing gradients into the flat buffer and back (2 n memcpy) is part of the update.
 * Host staging (`device_copy_s_per_byte`, δ, measured on a GPU): gradients on a GPU
   reach the ring through pinned host buckets, each bucket copied to the host before its
@@ -202,7 +208,8 @@ class RingCost:
     latency: 2(p-1) α; transfer: 2(p-1) w β; kernels: γ or compression kernels on one
     core that the transfer does not hide (`ring_allreduce_cost`); sync: S; cpu: CPU
     seconds the comm thread burns (all kernels + 2(p-1) w β_cpu); staging: the bucket's
-    copies from the GPU to the host and back, 2 n δ (DMA: no CPU).
+    copies from the GPU to the host and back, 2 n δ (DMA: no CPU); waits: steps that
+    each wait for another rank (`in_place_allreduce_cost` has two).
     """
 
     latency: float = 0.0
@@ -211,6 +218,7 @@ class RingCost:
     sync: float = 0.0
     cpu: float = 0.0
     staging: float = 0.0
+    waits: float = 0.0  # steps that wait for another rank: 2(p-1) on the ring, 2 in place
 
     def wall(self, kernel_stretch: float = 1.0) -> float:
         return (self.latency + self.transfer + self.kernels * kernel_stretch + self.sync
@@ -256,12 +264,12 @@ def unshared_fraction(comm_cpu_s: float, comm_wall_s: float, ranks: int, cores: 
     return min(1.0, max(0.0, (busy - fair) / (1.0 - fair)))
 
 
-def core_wait_seconds(cost: RingCost, p: int, net: NetworkParams) -> float:
-    """What waiting for a core adds to one ring-AllReduce of `cost` while compute keeps
-    the shared cores busy: each of its 2(p-1) steps waits λ_load for the comm thread,
+def core_wait_seconds(cost: RingCost, net: NetworkParams) -> float:
+    """What waiting for a core adds to one allreduce of `cost` while compute keeps
+    the shared cores busy: each of its steps (`RingCost.waits`) waits λ_load for the comm thread,
     less the step's own time on the wire, which the transport's buffers keep moving
     meanwhile (a bulk step over a slow link hides the wait; a small one pays it all)."""
-    steps = 2 * (p - 1)
+    steps = cost.waits
     if steps == 0:
         return 0.0
     return steps * max(0.0, net.load_latency_s - cost.transfer / steps)
@@ -324,7 +332,33 @@ def ring_allreduce_cost(
         sync=net.sync_s,
         cpu=kernels + steps * w * net.beta_cpu_s_per_byte,
         staging=2 * n * net.device_copy_s_per_byte,
+        waits=steps,
     )
+
+
+def in_place_allreduce_cost(n: float, p: int, net: NetworkParams) -> RingCost:
+    """Cost of one uncompressed allreduce of n bytes of the engine's own buffers on one
+    node: two waits on the board, then each rank reads and writes the n bytes once on its
+    comm thread (`Engine.zeros`), 2 α + n β_in_place + S, the sums inside β_in_place."""
+    _check_p(p)
+    _check_nonnegative(n=n)
+    if p == 1 or n == 0:
+        return RingCost()
+    transfer = n * net.in_place_s_per_byte
+    return RingCost(latency=2 * net.alpha_s, transfer=transfer, sync=net.sync_s,
+                    cpu=transfer, waits=2)
+
+
+def allreduce_cost(
+    n: float, p: int, net: NetworkParams, mode: str = "none",
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> RingCost:
+    """One allreduce of an optimizer's bucket as the engine runs it: in place where `net`
+    measured that path (one node, uncompressed, the bucket on the host), else around the
+    ring."""
+    if mode == "none" and net.in_place_s_per_byte > 0 and net.device_copy_s_per_byte == 0:
+        return in_place_allreduce_cost(n, p, net)
+    return ring_allreduce_cost(n, p, net, mode, segment_bytes)
 
 
 # ------------------------------------------------------------------------------------
@@ -498,7 +532,7 @@ def predict(
     R = _ranks_per_host(network, p)
     C = int(network.cores or 1)
     t = profile.threads
-    costs = [ring_allreduce_cost(b, p, network, compression, segment_bytes) for b, _ in buckets]
+    costs = [allreduce_cost(b, p, network, compression, segment_bytes) for b, _ in buckets]
     total = sum(costs, RingCost())
     s_comp = max(1.0, R * t / C)
     s_comm = max(1.0, R / C)
@@ -554,7 +588,7 @@ def predict(
         bound = "communication" if comm_wall > compute_wall else "compute"
     else:
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
-                                     sum(core_wait_seconds(c, p, network) for c in costs))
+                                     sum(core_wait_seconds(c, network) for c in costs))
         overlapped = max(compute_wall, loaded, cpu_bound)
         serial = compute_wall + comm_wall + last_step_wait
         iteration = max(overlapped, unshared * serial + (1 - unshared) * overlapped)

@@ -107,6 +107,11 @@ class NetworkParams:
             pinned host memory (the mean of both directions); each bucket crosses twice
             when gradients are staged through the host (`pipesgd.staging`). 0: the
             gradients live on the host (no staging).
+        in_place_s_per_byte: seconds per gradient byte of the engine's uncompressed
+            allreduce of its own buffers, reduced in place where every rank shares one
+            node's memory (`Engine.zeros`), reductions included. 0: not available
+            (ranks on several nodes, no shared memory, a described cluster); the
+            optimizer's buckets then go around the ring.
         eager_bytes: the largest message whose send completes before its receive is
             posted (the transport's eager limit), between rank 0 and α's peer: the
             bytes a message moves before its receiver asks (a larger one's first
@@ -131,6 +136,7 @@ class NetworkParams:
     node_beta_s_per_byte: float | None = None
     ranks_per_node: int | None = None
     device_copy_s_per_byte: float = 0.0
+    in_place_s_per_byte: float = 0.0
     eager_bytes: int = 0
     measured_p: int | None = None
     spread: dict[str, float] = field(default_factory=dict)
@@ -154,7 +160,7 @@ class NetworkParams:
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
                      "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s", "eager_bytes",
-                     "device_copy_s_per_byte"):
+                     "device_copy_s_per_byte", "in_place_s_per_byte"):
             value = getattr(self, name)
             if not value >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")

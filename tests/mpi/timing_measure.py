@@ -26,6 +26,11 @@ if size > 1:
     assert 0 <= net.beta_cpu_s_per_byte <= net.beta_s_per_byte
     # one node: no shaped link, so no bucket is looked for (test_netem.py checks buckets)
     assert net.burst_bytes == 0.0, net.burst_bytes
+    # one node with shared-memory links: the engine's own buffers are reduced in place,
+    # and that path is measured
+    assert 0 < net.in_place_s_per_byte < 1e-7, net.in_place_s_per_byte
+else:
+    assert net.in_place_s_per_byte == 0.0
 # every rank reports the same alpha (broadcast) and kernel medians (allgathered)
 everyone = comm.allgather((net.alpha_s, net.gamma_s_per_byte))
 assert len(set(everyone)) == 1, everyone
