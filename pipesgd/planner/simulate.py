@@ -69,7 +69,8 @@ Left out: compression of the replicas' all-reduce, gradient and communication bu
 memory; a NIC's messages and all-reduces are sent one after another where TCP would
 share the link between them (the same bytes, in another order); the engine's board
 (three replicas or more on one node, weights up to 256 KiB: two waits, not the ring's
-2(r-1)).
+2(r-1)), and its in-place reduction of the replicas' host buffers on one node
+(`Engine.zeros`: two waits, each byte read and written once).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 

@@ -203,26 +203,22 @@ def measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
     return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
-def measure_in_place(comm: Any, engine: Any, sizes: tuple[int, int],
-                     repeats: int) -> tuple[float, float]:
-    """β_in_place and its spread: the slope, per buffer byte, of the slowest rank's
-    uncompressed allreduce of the engine's own buffers (`Engine.zeros`, reduced in place
-    where the ranks share a node's memory) between two sizes, sums included
-    (collective). 0 where the engine lends no shared memory."""
+def measure_in_place(comm: Any, engine: Any, nbytes: int, repeats: int) -> tuple[float, float]:
+    """β_in_place and its spread: the slowest rank's time per buffer byte of an
+    uncompressed allreduce of `nbytes` of the engine's own buffers (`Engine.zeros`,
+    reduced in place where the ranks share a node's memory), sums included
+    (collective). One large size, not a slope between two: its two waits are microseconds
+    against milliseconds, and a difference of two noisy medians on shared cores read up
+    to four times a single size's figure. 0 where the engine lends no shared memory."""
     import numpy as np
 
     if not engine.shares_memory:
         return 0.0, 0.0
-    medians: dict[int, float] = {}
-    spread = 0.0
-    for n in sizes:
-        buf = engine.zeros(n // 4, np.float32)
-        buf[:] = 1.0  # averaged, it stays 1
-        run = functools.partial(engine.allreduce, buf, op="average")
-        walls = _slowest_seconds(comm, run, repeats, warmups=1)
-        medians[n], spread = median_spread(walls)
-    small, large = sizes
-    return max(medians[large] - medians[small], 1e-15) / (large - small), spread
+    buf = engine.zeros(nbytes // 4, np.float32)
+    buf[:] = 1.0  # averaged, it stays 1
+    run = functools.partial(engine.allreduce, buf, op="average")
+    median, spread = median_spread(_slowest_seconds(comm, run, repeats, warmups=2))
+    return median / nbytes, spread
 
 
 def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,

@@ -66,8 +66,8 @@ def measure_network(
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * β_in_place: within one node, where the engine lends memory every rank maps, the
-      slope of its uncompressed allreduce of such buffers between the two `large_bytes`
-      sizes, per buffer byte, sums included (`measure_in_place`): how the optimizer's
+      time per buffer byte of its uncompressed allreduce of such a buffer of the larger
+      `large_bytes` size, sums included (`measure_in_place`): how the optimizer's
       buckets are reduced there.
     * eager: the largest message rank 0 sends to α's peer before the peer posts its
       receive (`measure_eager`): the transport's eager limit (64 KiB less a header for
@@ -157,8 +157,8 @@ def measure_network(
             else:
                 beta, spread["beta"] = measure_beta(comm, large_bytes, repeats, segment,
                                                      oversubscribed)
-                in_place, spread["in_place"] = measure_in_place(comm, engine, large_bytes,
-                                                                 repeats)
+                in_place, spread["in_place"] = measure_in_place(comm, engine,
+                                                                 max(large_bytes), repeats)
             beta_cpu, load_latency, spread["load_latency"] = engine_costs(
                 comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
