@@ -148,6 +148,7 @@ class GradientBuckets:
                              " move the model to one device first")
         device = devices.pop() if devices else torch.device("cpu")
         self.layout = BucketLayout.build(self.params, bucket_bytes)
+
         def zeros(bucket: Bucket) -> Tensor:
             if engine is None or device.type != "cpu":
                 return torch.zeros(bucket.numel, dtype=bucket.dtype, device=device)

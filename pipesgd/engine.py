@@ -302,8 +302,8 @@ class Engine:
         Where all ranks are on one node with shared memory (`shm_links`), the array lies
         in memory every rank maps. An uncompressed allreduce of it, or of a contiguous
         slice of it (the same slice on every rank), then sums each rank's data where it
-        lies and writes the sums into every rank's array: no copies, less than half
-        the memory traffic of a ring (docs/engine.md, "Buffers in shared memory"). Elsewhere
+        lies and writes the sums into every rank's array: no copies, less than half the
+        memory traffic of a ring (docs/engine.md, "Buffers in shared memory"). Elsewhere
         it is an ordinary array. Either way it stays valid after the engine shuts down.
 
         Raises:

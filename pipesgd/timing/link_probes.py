@@ -207,9 +207,9 @@ def measure_in_place(comm: Any, engine: Any, nbytes: int, repeats: int) -> tuple
     """β_in_place and its spread: the slowest rank's time per buffer byte of an
     uncompressed allreduce of `nbytes` of the engine's own buffers (`Engine.zeros`,
     reduced in place where the ranks share a node's memory), sums included
-    (collective). One large size, not a slope between two: its two waits are microseconds
-    against milliseconds, and a difference of two noisy medians on shared cores read up
-    to four times a single size's figure. 0 where the engine lends no shared memory."""
+    (collective). One large size rather than a slope between two: its two waits are
+    microseconds against milliseconds, and a slope takes the difference of two noisy
+    medians. 0 where the engine lends no shared memory."""
     import numpy as np
 
     if not engine.shares_memory:
