@@ -41,8 +41,8 @@ struct EngineConfig {
   int comm_slice_us = 100;
   int poll_max_us = 200;
   int poll_while_waited = 1;
-  // From EngineOptions where the engine has a board (three ranks or more, all on one
-  // node, links mapped), else 0.
+  // From EngineOptions where the engine's board takes copied operations (three ranks or
+  // more, all on one node, links mapped), else 0.
   std::size_t board_bytes = 0;
 
   // From the environment (read_env_config), the five variables that earn their place:
