@@ -23,6 +23,12 @@ def test_measure_network_on_two_ranks_is_sane():
     assert figures["measured_p"] == 2 and figures["beta_s_per_byte"] > 0
 
 
+def test_without_shared_memory_no_in_place_rate_is_measured():
+    out = run_mpi(2, "timing_measure.py", timeout=90, env={"PIPESGD_SHM_LINKS": "0"}).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["in_place_s_per_byte"] == 0.0 and figures["beta_s_per_byte"] > 0
+
+
 def test_predict_by_hand_writes_json_and_png(tmp_path):
     prof = tmp_path / "prof.json"
     Profile(forward_s=0.002, backward_s=0.004, update_s=0.001, gradient_bytes=20e6,
