@@ -80,17 +80,30 @@ def test_thread_level_below_multiple_is_refused() -> None:
     assert "ok" in run_mpi(1, "engine_thread_level.py", timeout=60).stdout
 
 
-def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
-    # /dev/shm of 900 KiB in a mount namespace of its own: the inboxes (1 MiB) do not fit.
+def with_dev_shm_of(size: str) -> list[str]:
+    """A prefix that runs mpirun in a mount namespace of its own with a /dev/shm of
+    `size` (tmpfs syntax); skips the test where that is not allowed."""
     if shutil.which("unshare") is None or subprocess.run(
         ["unshare", "-m", "true"], capture_output=True, check=False
     ).returncode != 0:
         pytest.skip("needs unshare -m (root) to give the ranks a small /dev/shm")
-    script = 'mount -t tmpfs -o size=900k tmpfs /dev/shm && exec "$@"'
-    out = run_mpi(2, "shm_fallback.py", timeout=120,
-                  prefix=["unshare", "-m", "sh", "-c", script, "sh"]).stdout
+    script = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", script, "sh"]
+
+
+def test_a_full_dev_shm_falls_back_to_mpi_messages() -> None:
+    # /dev/shm of 900 KiB: the inboxes (1 MiB) do not fit.
+    out = run_mpi(2, "shm_fallback.py", timeout=120, prefix=with_dev_shm_of("900k")).stdout
     assert "shm_fallback: ok" in out, out
     assert "no shared-memory links (posix_fallocate" in out, out
+
+
+def test_a_shared_buffer_too_large_for_dev_shm_falls_back_to_an_ordinary_array() -> None:
+    # /dev/shm of 6 MiB: the links fit, two parts of 4 MiB do not.
+    out = run_mpi(2, "shared_buffer_fallback.py", timeout=120,
+                  prefix=with_dev_shm_of("6m")).stdout
+    assert "shared_buffer_fallback: ok" in out, out
+    assert "no shared buffer of 4194304 bytes (posix_fallocate" in out, out
 
 
 def test_a_rank_waiting_on_a_link_gives_its_cpu_away() -> None:
