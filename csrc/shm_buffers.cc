@@ -3,7 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include "mpi_check.h"
@@ -45,7 +45,7 @@ SharedBuffers::SharedBuffers(MPI_Comm comm) {
 SharedBuffers::~SharedBuffers() { close(); }
 
 void SharedBuffers::close() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(allocate_mutex_);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
@@ -53,7 +53,7 @@ void SharedBuffers::close() {
 }
 
 std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::string* why_not) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(allocate_mutex_);
   if (comm_ == MPI_COMM_NULL) throw std::runtime_error("pipesgd engine is shut down");
   // Every rank the same size, or every rank the same error (the smallest and the largest).
   unsigned long long sizes[2] = {bytes, ~static_cast<unsigned long long>(bytes)}, agreed[2];
@@ -95,27 +95,26 @@ std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::st
     return nullptr;
   }
   auto buffer = std::make_shared<SharedBuffer>(base, mapped, id, rank_, ranks_, bytes, stride);
-  live_.erase(std::remove_if(live_.begin(), live_.end(),
-                             [](const std::weak_ptr<SharedBuffer>& b) { return b.expired(); }),
-              live_.end());
-  live_.push_back(buffer);
+  std::lock_guard<std::mutex> live(live_mutex_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    it = it->second.expired() ? live_.erase(it) : std::next(it);
+  }
+  live_[reinterpret_cast<std::uintptr_t>(buffer->mine())] = buffer;
   return buffer;
 }
 
 SharedPlace SharedBuffers::find(const void* data, std::size_t bytes) const {
   // Compared as addresses: pointers into different objects have no order in C++.
   const auto at = reinterpret_cast<std::uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& weak : live_) {
-    auto buffer = weak.lock();
-    if (!buffer) continue;
-    const auto from = reinterpret_cast<std::uintptr_t>(buffer->mine());
-    const std::size_t size = buffer->part_bytes();
-    if (at >= from && at - from <= size && bytes <= size - (at - from)) {
-      return SharedPlace{std::move(buffer), static_cast<std::size_t>(at - from)};
-    }
-  }
-  return {};
+  std::lock_guard<std::mutex> lock(live_mutex_);
+  auto after = live_.upper_bound(at);  // the first part starting beyond `data`
+  if (after == live_.begin()) return {};
+  const auto& [from, weak] = *std::prev(after);
+  auto buffer = weak.lock();
+  if (!buffer) return {};
+  const std::size_t size = buffer->part_bytes();
+  if (at - from > size || bytes > size - (at - from)) return {};
+  return SharedPlace{std::move(buffer), static_cast<std::size_t>(at - from)};
 }
 
 }  // namespace pipesgd

@@ -9,10 +9,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace pipesgd {
 
@@ -76,8 +76,12 @@ class SharedBuffers {
   int ranks_ = 1;
   std::uint64_t token_ = 0;
   std::uint64_t next_id_ = 0;
-  mutable std::mutex mutex_;
-  std::vector<std::weak_ptr<SharedBuffer>> live_;
+  // Held through an allocation's collectives; find() does not wait for them.
+  std::mutex allocate_mutex_;
+  mutable std::mutex live_mutex_;  // guards live_
+  // Each live allocation by the address of this rank's part: find() is on every
+  // operation's submission, so one lookup, not a scan.
+  std::map<std::uintptr_t, std::weak_ptr<SharedBuffer>> live_;
 };
 
 }  // namespace pipesgd

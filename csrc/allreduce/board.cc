@@ -46,8 +46,9 @@ namespace {
 // cache, so each byte of memory is read once and written once.
 void reduce_into_every_part(const Operation& op, int ranks, std::size_t begin, std::size_t len) {
   constexpr std::size_t kBlockBytes = 16 * 1024;
-  // Allocated, not an array of bytes on the stack, so that it may hold any dtype.
-  const std::unique_ptr<unsigned char, decltype(&std::free)> storage(
+  // Allocated (not bytes on the stack, so that it may hold any dtype), once per thread
+  // that runs operations: the comm thread, or a caller running its own.
+  thread_local const std::unique_ptr<unsigned char, decltype(&std::free)> storage(
       static_cast<unsigned char*>(std::aligned_alloc(64, kBlockBytes)), &std::free);
   if (storage == nullptr) throw std::bad_alloc();
   unsigned char* block = storage.get();
