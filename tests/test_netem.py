@@ -195,6 +195,19 @@ def test_eager_probe_finds_the_transports_eager_limit(net3) -> None:
 
 
 @needs_netns
+def test_pipeline_links_between_nodes_cut_payloads_at_the_eager_limit(net3) -> None:
+    """Ranks in separate namespaces are on separate nodes: the pipeline's link between
+    them cuts payloads into pieces of Open MPI's TCP eager limit, to the probe's 1 KiB."""
+    run = net3.run([sys.executable, PROBE, "pieces", "0"], capture_output=True, timeout=60,
+                   env=mpi_env(), cwd=ROOT)
+    assert run.returncode == 0, f"pieces probe failed:\n{run.output}"
+    found = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
+        "piece_bytes"]
+    limit = _tcp_eager_limit()
+    assert limit - 1024 - 512 < found <= limit, f"pieces of {found:,} B; limit {limit:,} B"
+
+
+@needs_netns
 def test_sending_to_two_peers_is_limited_by_the_uplink(net3) -> None:
     run, seconds = _probe(net3, "fanout")
     _assert_bytes(run.links[0].tx_bytes, 2 * NBYTES, "rank 0 sent", run)

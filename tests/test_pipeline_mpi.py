@@ -34,6 +34,13 @@ def test_replicated_stage_2_1_bitwise_identical():
 
 
 @pytest.mark.skipif(not engine_available(), reason="pipesgd engine not built (make build)")
+def test_payloads_cut_into_pieces_train_bitwise_as_whole_messages():
+    out = run_mpi(3, "pipeline_pieces.py", timeout=120).stdout
+    for name in ("1f1b 1-1-1", "1f1b 1-1-1 staged", "1f1b-rr 1-2", "1f1b-rr 1-2 staged"):
+        assert f"{name}: pieces [" in out and "cut == whole" in out, out
+
+
+@pytest.mark.skipif(not engine_available(), reason="pipesgd engine not built (make build)")
 def test_host_staging_leaves_training_bitwise_unchanged_and_orders_sends():
     out = run_mpi(4, "pipeline_staging.py", timeout=120).stdout
     for name in ("1f1b 1-1-1-1", "gpipe 2-1-1", "1f1b-rr 2-2 K=2 quant8", "async 1-1-1-1"):

@@ -240,6 +240,22 @@ def test_a_measured_network_gives_one_level_and_the_cores_its_ranks_share(tmp_pa
     assert (given.cores, given.workers_per_host) == (2, 1)
     net.cores = None  # nothing said about the cores: none shared
     assert from_network(net, 4).shared_cores is None
+
+
+def test_a_measured_network_between_nodes_moves_whole_messages_at_once(tmp_path):
+    # Between nodes the pipeline sends payloads in eager pieces: every byte leaves when
+    # sent. The links' measured token bucket goes with them.
+    net = describe_cluster("1Gbit", "50us")
+    net.eager_bytes, net.burst_bytes = 65408, 122880.0
+    assert from_network(net, 4).levels[0].eager_bytes == 65408  # one node
+    net.ranks_per_node = 1
+    level = from_network(net, 4).levels[0]
+    assert level.eager_bytes == math.inf and level.burst_bytes == 122880.0
+    topo = from_network(net, 4)
+    topo.save(tmp_path / "topo.json")
+    assert HierarchicalTopology.load(tmp_path / "topo.json") == topo
+    net.eager_bytes = 256  # too small to cut into: as the transport sends it
+    assert from_network(net, 4).levels[0].eager_bytes == 256
     with pytest.raises(ValueError, match="cores must be an integer >= 1"):
         SharedCores(0, 4)
     with pytest.raises(ValueError, match="bad shared_cores"):

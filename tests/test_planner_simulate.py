@@ -8,6 +8,7 @@ import pytest
 
 from pipesgd.pipeline.plan import Plan, StagePlan
 from pipesgd.planner import ModelProfile, fit_replica_overhead, simulate, stored_activations
+from pipesgd.planner.simulate import _TokenBucket
 from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
 
@@ -386,11 +387,46 @@ def test_the_eager_part_of_a_message_moves_before_the_receiver_asks(eager, expec
     assert sim.time_per_micro_batch_s == pytest.approx(expected)
 
 
+def test_a_token_bucket_sends_what_it_holds_at_once_and_refills_at_the_rate():
+    bucket = _TokenBucket(size=100.0, rate=10.0)
+    assert bucket.send(0.0, 50.0) == 0.0  # full: covered, 50 left
+    assert bucket.send(0.0, 100.0) == pytest.approx(5.0)  # 50 covered, 50 at the rate
+    assert bucket.send(5.0, 30.0) == pytest.approx(3.0)  # empty when that ended
+    assert bucket.send(9.0, 10.0) == pytest.approx(0.0)  # 10 earned since 8
+    assert bucket.send(1000.0, 150.0) == pytest.approx(5.0)  # refills to its size only
+    assert _TokenBucket(0.0, 10.0).send(0.0, 50.0) == pytest.approx(5.0)
+
+
+def test_a_links_burst_shortens_the_transfers_after_it_idled():
+    # The first example of this section (7.4 s per micro-batch) on links whose token
+    # bucket holds 0.25 GB: each rank sends one 0.5 GB message per micro-batch and idles
+    # seconds in between, so each message finds a full bucket and takes 0.25 s, not 0.5.
+    prof = chain([1.0, 1.0], [2.0, 2.0], output=[0.5e9, 0.0])
+    topo = HierarchicalTopology((Level(2, 1e9, 0.1, burst_bytes=0.25e9),))
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=1), prof, topo)
+    assert sim.time_per_micro_batch_s == pytest.approx(7.4 - 2 * 0.25)
+
+
+def test_a_replicas_round_starts_with_its_burst():
+    # The ring of the test above on links whose token bucket holds 0.5 GB: each replica
+    # sends 1.5 GB per round, the first 0.5 GB at once (its bucket refilled over the
+    # 3 s of compute), the rest in 1 s: 4.06 s per 4 micro-batches.
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, HierarchicalTopology((Level(4, 1e9, 0.01, burst_bytes=0.5e9),)))
+    assert sim.time_per_micro_batch_s == pytest.approx(4.06 / 4)
+
+
 def test_eager_bytes_round_trip_through_json():
     topo = HierarchicalTopology((Level(2, 1e9, 5e-5, 65408.0),))
     assert HierarchicalTopology.from_dict(topo.to_dict()) == topo
     with pytest.raises(ValueError, match="eager_bytes"):
         Level(2, 1e9, 0.0, -1.0)
+    every = HierarchicalTopology((Level(2, 1e9, 5e-5, math.inf, 122880.0),))
+    assert HierarchicalTopology.from_dict(every.to_dict()) == every
+    for bad in (-1.0, math.inf):
+        with pytest.raises(ValueError, match="burst_bytes"):
+            Level(2, 1e9, burst_bytes=bad)
 
 
 def test_device_copy_round_trips_through_json_and_is_checked():

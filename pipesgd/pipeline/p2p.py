@@ -32,7 +32,9 @@ from torch import Tensor
 
 from pipesgd.polling import Polling, wait_politely
 from pipesgd.staging import CopyEvent, HostStaging
+from pipesgd.timing import link_probes
 
+from .pieces import cut, piece_bytes
 from .plan import Plan
 from .schedule import Action
 
@@ -115,6 +117,8 @@ class StageLink:
         self.expected_out: TensorSpec | None = None
         self.bytes_sent = 0
         self._polling = Polling.from_env()  # read once, not on every receive
+        self._node_keys = self.comm.allgather(link_probes.node_key())
+        self._pieces: dict[int, int] = {}  # neighbour -> payload piece bytes (0: whole)
 
     def _tag(self, mb: int, direction: int) -> int:
         return 16 + ((mb % self._tag_period) * 2 + direction) * 2
@@ -142,7 +146,7 @@ class StageLink:
         if self.staging is None:
             self._check_host(t.device, "send")
             t = t.contiguous()
-            self._sends.append((self.comm.Isend(_host_view(t), dest=dst, tag=tag + 1), t))
+            self._isend_payload(_host_view(t), dst, tag + 1, t)
             return
         host = self.staging.host_empty(t.shape, t.dtype)
         copied = self.staging.copy_to_host(host, t)
@@ -167,13 +171,24 @@ class StageLink:
             elif not d.copied.query():
                 return
             self._deferred.pop(0)
-            self._sends.append((self.comm.Isend(_host_view(d.host), dest=d.dst, tag=d.tag),
-                                d.host))
+            self._isend_payload(_host_view(d.host), d.dst, d.tag, d.host)
+
+    def _isend_payload(self, payload: np.ndarray, dst: int, tag: int, keep: object) -> None:
+        """Post `payload` to `dst`, in the pieces agreed for that link (`pieces`);
+        `keep` stays referenced until every piece is sent."""
+        for part in cut(payload, self._pieces.get(dst, 0)):
+            self._sends.append((self.comm.Isend(part, dest=dst, tag=tag), keep))
 
     def flush(self) -> None:
         """Post every payload still waiting for its copy to the host (waiting for those
         copies): call before blocking on anything a neighbour may need these sends for."""
         self._post_copied(wait=True)
+
+    @property
+    def pieces(self) -> dict[int, int]:
+        """Neighbour rank -> the bytes of each piece its payloads travel in, as agreed at
+        `handshake` (0: whole messages; `pipesgd.pipeline.pieces`)."""
+        return dict(self._pieces)
 
     @property
     def deferred(self) -> int:
@@ -222,8 +237,10 @@ class StageLink:
             out = torch.empty(spec.shape, dtype=spec.dtype)
         else:
             out = self.staging.host_empty(spec.shape, spec.dtype)
-        wait_politely(self.comm.Irecv(_host_view(out), source=src,
-                                      tag=self._tag(action.mb, direction) + 1), self._polling)
+        tag = self._tag(action.mb, direction) + 1
+        wait_politely([self.comm.Irecv(part, source=src, tag=tag)
+                       for part in cut(_host_view(out), self._pieces.get(src, 0))],
+                      self._polling)
         if self.staging is not None:
             on_device = torch.empty(spec.shape, dtype=spec.dtype, device=device)
             self.staging.copy_to_device(on_device, out)
@@ -278,8 +295,17 @@ class StageLink:
         """
         plan, stage = self.plan, self.stage
         me = self._label(stage, self.rank)
+        ups = [plan.rank_of(stage - 1, r) for r in range(plan.stages[stage - 1].replicas)] \
+            if stage > 0 else []
+        downs = [plan.rank_of(stage + 1, r) for r in range(plan.stages[stage + 1].replicas)] \
+            if stage < plan.num_stages - 1 else []
+        # Pieces first, upstream links before downstream ones: stage 0 starts, each stage
+        # follows its upstream neighbours, and a spec mismatch below leaves none waiting.
+        for u in ups:
+            self._pieces[u] = piece_bytes(self.comm, self._node_keys, u, sender=False)
+        for d in downs:
+            self._pieces[d] = piece_bytes(self.comm, self._node_keys, d, sender=True)
         if stage > 0:
-            ups = [plan.rank_of(stage - 1, r) for r in range(plan.stages[stage - 1].replicas)]
             specs = [self.comm.recv(source=u, tag=HANDSHAKE_TAG) for u in ups]
             error = None
             out_spec = None
@@ -306,8 +332,7 @@ class StageLink:
             out_spec = probe(input_spec)
         assert out_spec is not None
         self.expected_out = out_spec
-        if stage < plan.num_stages - 1:
-            downs = [plan.rank_of(stage + 1, r) for r in range(plan.stages[stage + 1].replicas)]
+        if downs:
             reqs = [self.comm.isend(out_spec, dest=d, tag=HANDSHAKE_TAG) for d in downs]
             replies = [self.comm.recv(source=d, tag=HANDSHAKE_TAG + 1) for d in downs]
             MPI.Request.waitall(reqs)

@@ -10,8 +10,9 @@ this simulation repeats in passing), one action at a time:
              runtime's own time per micro-batch (`stage_overhead_s`), and a forward
              that takes a new stashed version of the weights their copy (`copy_s`)
     SF, SB   free (the runtime's sends are non-blocking); the message's header arrives
-             one latency later, and the payload's first `eager_bytes` (the level's, the
-             transport's eager limit) leave at once
+             one latency later, and the payload's first `eager_bytes` (the level's: the
+             transport's eager limit, or all of it between nodes, where the runtime
+             sends eager pieces) leave at once
     RF, RB   waits for the payload, a_l bytes of the layer at the stage boundary
              (scaled like the times): the runtime posts a payload's receive when it reads
              the header, at this action, so the rest of the payload moves only once the
@@ -296,6 +297,25 @@ class _Cpu:
         return out
 
 
+class _TokenBucket:
+    """A sender's token bucket on one level's links: it holds up to `size` bytes and
+    refills at `rate` bytes/s; bytes it covers leave at once, the rest at `rate`."""
+
+    def __init__(self, size: float, rate: float) -> None:
+        self.size, self.rate = size, rate
+        self.tokens, self.t = size, 0.0
+
+    def send(self, start: float, nbytes: float) -> float:
+        """Seconds `nbytes` take from `start` (at or after the bucket's last send ended)."""
+        if self.size <= 0:
+            return nbytes / self.rate
+        tokens = min(self.size, self.tokens + (start - self.t) * self.rate)
+        seconds = max(0.0, nbytes - tokens) / self.rate
+        # while it sends beyond its tokens the bucket earns what it spends
+        self.tokens, self.t = max(0.0, tokens - nbytes), start + seconds
+        return seconds
+
+
 class _Network:
     """Bandwidth and latency between ranks, from the topology and the placement."""
 
@@ -327,13 +347,18 @@ class _Network:
             raise ValueError(f"the placement {list(map(list, placement))} must name "
                              f"{world} distinct workers of 0..{topology.num_workers - 1}")
 
-    def _level(self, workers: Sequence[int]) -> Level:
+    def _level_index(self, workers: Sequence[int]) -> int:
+        """The index in `topology.levels` of the lowest level holding all `workers`."""
         assert self.topology is not None
         for k in range(1, self.topology.num_levels + 1):
             size = self.topology.component_size(k)
             if len({w // size for w in workers}) == 1:
-                return self.topology.levels[k - 1]
+                return k - 1
         raise AssertionError("the top level holds every worker")  # pragma: no cover
+
+    def _level(self, workers: Sequence[int]) -> Level:
+        assert self.topology is not None
+        return self.topology.levels[self._level_index(workers)]
 
     def link(self, a: int, b: int) -> tuple[float, float]:
         """(bytes/s, latency s) between ranks a and b."""
@@ -341,6 +366,18 @@ class _Network:
             return math.inf, 0.0
         level = self._level([self.worker[a], self.worker[b]])
         return level.bandwidth, level.latency
+
+    def bucket_key(self, ranks: Sequence[int]) -> int:
+        """The level whose links join `ranks` (a sender has one token bucket per level)."""
+        return 0 if self.topology is None else \
+            self._level_index([self.worker[r] for r in ranks])
+
+    def new_bucket(self, level: int) -> _TokenBucket:
+        """A full token bucket for a sender on `level`'s links."""
+        if self.topology is None:
+            return _TokenBucket(0.0, math.inf)
+        lv = self.topology.levels[level]
+        return _TokenBucket(lv.burst_bytes, lv.bandwidth)
 
     def eager_bytes(self, a: int, b: int) -> float:
         """Bytes of a message from a to b that move before b asks for it."""
@@ -374,6 +411,14 @@ class _Network:
         """CPU time of moving `nbytes` from one rank to another."""
         return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
 
+    def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
+        """What one replica's bytes of a ring all-reduce of `nbytes` among `ranks` take at
+        the links' bandwidth: 2(r-1)/r n / B."""
+        r = len(ranks)
+        if r < 2 or self.topology is None:
+            return 0.0
+        return 2 * (r - 1) / r * nbytes / self._level([self.worker[x] for x in ranks]).bandwidth
+
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency,
         and on GPUs the gradient's copy to the host before it and back after it."""
@@ -381,7 +426,7 @@ class _Network:
         if r < 2 or self.topology is None:
             return 0.0
         level = self._level([self.worker[x] for x in ranks])
-        return (2 * (r - 1) / r * nbytes / level.bandwidth + 2 * (r - 1) * level.latency
+        return (self.ring_wire_s(ranks, nbytes) + 2 * (r - 1) * level.latency
                 + 2 * nbytes * self.device_copy_s_per_byte)
 
 
@@ -509,6 +554,8 @@ def simulate(
     ranks_of = [[plan.rank_of(s, i) for i in range(sp.replicas)]
                 for s, sp in enumerate(plan.stages)]
     ring_s = [net.ring_s(ranks_of[s], costs[s].weight_bytes) for s in range(plan.num_stages)]
+    ring_wire_s = [net.ring_wire_s(ranks_of[s], costs[s].weight_bytes)
+                   for s in range(plan.num_stages)]
     ring_cpu_s = [net.ring_cpu_s(ranks_of[s], costs[s].weight_bytes)
                   for s in range(plan.num_stages)]
     last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
@@ -551,10 +598,9 @@ def simulate(
     def occupy(src: int, dst: int, nbytes: float, start: float) -> float:
         """`nbytes` on the link from `start`, after the sender's previous message (one NIC)
         and the link's; when they are through."""
-        bandwidth, _ = net.link(src, dst)
         pair = (min(src, dst), max(src, dst))
         start = max(start, link_free[pair], nic_free[src])
-        end = start + nbytes / bandwidth
+        end = start + bucket(src, net.bucket_key(pair)).send(start, nbytes)
         link_free[pair] = nic_free[src] = end
         if end > start:
             link_use[pair].append((start, end))
@@ -586,6 +632,14 @@ def simulate(
         wake(at + (profile.receive_delay_s if slept else 0.0)
              + nbytes * net.device_copy_s_per_byte, rank)
 
+    buckets: dict[tuple[int, int], _TokenBucket] = {}
+
+    def bucket(rank: int, level: int) -> _TokenBucket:
+        """The rank's token bucket on `level`'s links."""
+        if (rank, level) not in buckets:
+            buckets[rank, level] = net.new_bucket(level)
+        return buckets[rank, level]
+
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
@@ -609,10 +663,16 @@ def simulate(
         rnd = ar_queue[stage].pop(0)
         ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
         # each replica sends its share of the ring when its NIC is through with the
-        # messages before it, and those sent later queue behind it
+        # messages before it, and those sent later queue behind it; its token bucket
+        # sends the first bytes at once
         wire_end = t
-        for r in ranks_of[stage]:
-            nic_free[r] = max(t, nic_free[r]) + ring_s[stage]
+        replicas = ranks_of[stage]
+        level = net.bucket_key(replicas)
+        sent = 2 * (len(replicas) - 1) / len(replicas) * costs[stage].weight_bytes
+        for r in replicas:
+            begin = max(t, nic_free[r])
+            wire = bucket(r, level).send(begin, sent) if len(replicas) > 1 else 0.0
+            nic_free[r] = begin + ring_s[stage] - ring_wire_s[stage] + wire
             wire_end = max(wire_end, nic_free[r])
         push(wire_end, ("wire", stage, rnd))
         for r in ranks_of[stage]:

@@ -61,13 +61,19 @@ class Level:
         eager_bytes: bytes of a message that move as soon as it is sent, before its
             receiver posts the receive (the transport's eager limit,
             `NetworkParams.eager_bytes`); the rest moves once the receiver asks.
-            0: none (every byte waits for the receiver).
+            0: none (every byte waits for the receiver); inf: every byte (between
+            nodes the pipeline sends its payloads in eager pieces,
+            `pipesgd.pipeline.pieces`).
+        burst_bytes: each sender's token bucket on these links (`NetworkParams.burst_bytes`,
+            measured): it refills at `bandwidth` up to this many bytes, and bytes it
+            covers leave at once. 0: every byte goes at `bandwidth`.
     """
 
     count: int
     bandwidth: float
     latency: float = 0.0
     eager_bytes: float = 0.0
+    burst_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -76,8 +82,10 @@ class Level:
             raise ValueError(f"a level's bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
         if not (self.latency >= 0 and math.isfinite(self.latency)):
             raise ValueError(f"a level's latency must be >= 0 s, got {self.latency!r}")
-        if not (self.eager_bytes >= 0 and math.isfinite(self.eager_bytes)):
+        if not self.eager_bytes >= 0:
             raise ValueError(f"a level's eager_bytes must be >= 0, got {self.eager_bytes!r}")
+        if not (self.burst_bytes >= 0 and math.isfinite(self.burst_bytes)):
+            raise ValueError(f"a level's burst_bytes must be >= 0, got {self.burst_bytes!r}")
 
     def __str__(self) -> str:
         inner = f"{self.bandwidth / 1e9:g}GB/s"
@@ -217,7 +225,7 @@ class HierarchicalTopology:
         return {
             "levels": [
                 {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency,
-                 "eager_bytes": lv.eager_bytes}
+                 "eager_bytes": lv.eager_bytes, "burst_bytes": lv.burst_bytes}
                 for lv in self.levels
             ],
             "memory_per_worker": self.memory_per_worker,
@@ -231,7 +239,7 @@ class HierarchicalTopology:
         try:
             levels = tuple(
                 Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)),
-                      float(lv.get("eager_bytes", 0.0)))
+                      float(lv.get("eager_bytes", 0.0)), float(lv.get("burst_bytes", 0.0)))
                 for lv in data["levels"]
             )
         except (KeyError, TypeError) as err:
@@ -259,13 +267,19 @@ class HierarchicalTopology:
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
     """One level of `workers` at a measured network's β and α (`NetworkParams`), with
     the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
-    cost (β_cpu, γ), the transport's eager bytes and, measured on GPUs, the copy rate
-    between a GPU and the host (δ)."""
+    cost (β_cpu, γ), the links' token bucket and, measured on GPUs, the copy rate
+    between a GPU and the host (δ). Its messages move as the pipeline sends them: every
+    byte at once between nodes, where it cuts payloads into eager pieces; within a node
+    the transport's eager bytes, the rest when the receiver asks."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
                              net.beta_cpu_s_per_byte, net.gamma_s_per_byte)
-    level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s, net.eager_bytes)
+    from pipesgd.pipeline.pieces import SMALLEST
+
+    cut = net.ranks_per_node is not None and net.eager_bytes >= SMALLEST
+    level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s,
+                  math.inf if cut else net.eager_bytes, net.burst_bytes)
     return HierarchicalTopology((level,), shared_cores=shared,
                                 device_copy_s_per_byte=net.device_copy_s_per_byte)
 

@@ -83,49 +83,65 @@ def measure_alpha(comm: Any, small_bytes: int, repeats: int, peer: int) -> tuple
 
 
 _EAGER_TAG = 7301
-_EAGER_WAIT_S = 0.01  # the receiver's lateness in an eager probe
+_EAGER_WAIT_S = 7.5e-3  # how long an eager probe's send may take to complete alone
 
 
-def _sends_before_receive(comm: Any, nbytes: int, peer: int) -> bool:
-    """Whether rank 0's send of `nbytes` to `peer` completes while `peer` has not yet
-    posted its receive (collective; the answer on every rank)."""
+def _sends_alone(comm: Any, peer: int, nbytes: int, sender: bool, wait_s: float) -> bool:
+    """Whether the sender's `Isend` of `nbytes` to `peer` completes within `wait_s` while
+    the receiver has not posted its receive. Pairwise: the sender and `peer` call it,
+    one with `sender=True`; both get the answer."""
     import numpy as np
 
     from pipesgd.polling import Polling, wait_until
 
-    buf = np.zeros(max(nbytes, 1), dtype=np.uint8)[:nbytes]
-    rank = comm.Get_rank()
-    comm.Barrier()
-    done = False
-    if rank == 0:
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    if sender:
         request = comm.Isend(buf, dest=peer, tag=_EAGER_TAG)
-        done = wait_until(request.Test, Polling(spin_s=0.0, poll_s=1e-4),
-                          timeout_s=0.75 * _EAGER_WAIT_S)
+        alone = wait_until(request.Test, Polling(spin_s=0.0, poll_s=1e-4), timeout_s=wait_s)
+        comm.send(alone, dest=peer, tag=_EAGER_TAG + 1)  # then the receiver posts
         request.Wait()
-    elif rank == peer:
-        time.sleep(_EAGER_WAIT_S)
-        comm.Recv(buf, source=0, tag=_EAGER_TAG)
-    return bool(comm.bcast(done, root=0))
+        return alone
+    alone = comm.recv(source=peer, tag=_EAGER_TAG + 1)
+    comm.Recv(buf, source=peer, tag=_EAGER_TAG)
+    return bool(alone)
 
 
-def measure_eager(comm: Any, peer: int, most: int = 1 << 20) -> int:
-    """The largest message rank 0 sends to `peer` before `peer` posts its receive, to 64
-    bytes (collective). Doubling sizes from 256 bytes while three probes in a row
-    complete, then a bisection: a transport whose small sends wait for the receiver
-    (shared memory's, at times) measures small, where the eager part hardly counts."""
-    size, ok = 256, 0
-    while size <= most and all(_sends_before_receive(comm, size, peer) for _ in range(3)):
+def eager_limit(comm: Any, peer: int, sender: bool, *, smallest: int = 256,
+                largest: int = 1 << 20, resolution: int = 64, tries: int = 1,
+                wait_s: float = _EAGER_WAIT_S) -> int:
+    """The largest message (to `resolution` bytes) whose send completes before its
+    receiver posts the receive, between this rank and `peer`; `largest` if that one
+    does, 0 if not even `smallest` does. Doubling sizes from `smallest` while `tries`
+    probes in a row complete, then a bisection. Pairwise: one rank calls it with
+    `sender=True`, `peer` with `sender=False`; both get the result."""
+    # The first message between two ranks waits for their connection (60 ms over TCP)
+    comm.sendrecv(None, dest=peer, sendtag=_EAGER_TAG + 2, source=peer, recvtag=_EAGER_TAG + 2)
+    size, ok = smallest, 0
+    while size <= largest and all(_sends_alone(comm, peer, size, sender, wait_s)
+                                  for _ in range(tries)):
         ok, size = size, size * 2
-    if size > most:
-        return most
+    if size > largest:
+        return largest
     failed = size
-    while failed - ok > 64:
+    while failed - ok > resolution:
         mid = (ok + failed) // 2
-        if _sends_before_receive(comm, mid, peer):
+        if _sends_alone(comm, peer, mid, sender, wait_s):
             ok = mid
         else:
             failed = mid
     return ok
+
+
+def measure_eager(comm: Any, peer: int, most: int = 1 << 20) -> int:
+    """The largest message rank 0 sends to `peer` before `peer` posts its receive, to 64
+    bytes (collective): `eager_limit` from 256 bytes, three probes in a row per doubling.
+    A transport whose small sends wait for the receiver (shared memory's, at times)
+    measures small, where the eager part hardly counts."""
+    rank = comm.Get_rank()
+    found = 0
+    if rank in (0, peer):
+        found = eager_limit(comm, peer if rank == 0 else 0, rank == 0, largest=most, tries=3)
+    return int(comm.bcast(found, root=0))
 
 
 def measure_node_link(comm: Any, small_bytes: int, repeats: int,

@@ -9,6 +9,8 @@ Usage: netem_probe.py PATTERN NBYTES
     eager   the largest message rank 0 sends to rank 1 before rank 1 posts its receive,
             as the timing model measures it (NBYTES unused); prints
             {"pattern", "eager_bytes"}
+    pieces  the piece size the pipeline agrees between ranks 0 and 1 (NBYTES unused);
+            prints {"pattern", "piece_bytes"}
     wakes   an engine allreduce of NBYTES of float32, once with the comm thread's poll
             sleep fixed at PIPESGD_POLL_US (poll_max_us=0) and once doubling (the
             default); prints
@@ -92,6 +94,15 @@ def main() -> int:
         eager = measure_eager(comm, peer=1)
         if rank == 0:
             print(json.dumps({"pattern": pattern, "eager_bytes": eager}), flush=True)
+        return 0
+    if pattern == "pieces":
+        from pipesgd.pipeline.pieces import piece_bytes
+        from pipesgd.timing.link_probes import node_key
+
+        keys = comm.allgather(node_key())
+        piece = piece_bytes(comm, keys, 1 - rank, sender=rank == 0) if rank < 2 else 0
+        if rank == 0:
+            print(json.dumps({"pattern": pattern, "piece_bytes": piece}), flush=True)
         return 0
     if pattern == "wakes":
         fixed = comm.reduce(_engine_wakes(comm, nbytes, 0))  # no growth above poll_us
