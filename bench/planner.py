@@ -1,6 +1,7 @@
 """The planner against real runs: every plan it could choose, predicted and measured.
 
     .venv/bin/python bench/planner.py                  # p = 3, 4 x shared memory, 1 Gbit/s
+    .venv/bin/python bench/planner.py --scenarios 500mbit-b256KiB-p3,2gbit-b0-p4
 
 Each scenario is one `mpirun` (under `bench/netem.py` for emulated links) that, for the
 MLP and the CNN of `pipesgd pipeline`:
@@ -199,15 +200,16 @@ def worker(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- driver
 def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
-    link, ranks = scenario.split("-p")
+    link, ranks = scenario.rsplit("-p", 1)
+    rate, _, burst = link.partition("-b")
     inner = [*PYTHON_UNDER_MPI, str(HERE), "--worker", "--out", str(out), "--models",
              args.models, "--rounds", str(args.rounds), "--per-shape", str(args.per_shape),
              "--micro-batches", str(args.micro_batches)]
     if link == "shm":
         cmd = [mpirun(), "--oversubscribe", "-n", ranks, *inner]
     else:
-        cmd = [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", link,
-               "--", *inner]
+        cmd = [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", rate,
+               *(["--burst", burst] if burst else []), "--", *inner]
     print(f"\n== {scenario}: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, env=mpi_env(), check=True, timeout=args.timeout)
     return json.loads(out.read_text())
@@ -276,7 +278,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
-                    help=f"LINK-pRANKS, LINK shm or a rate (default {DEFAULT_SCENARIOS})")
+                    help="LINK-pRANKS, LINK shm or an emulated rate with an optional token "
+                    "bucket, e.g. 500mbit-b256KiB-p3 (default: netem's smallest bucket; "
+                    f"default scenarios {DEFAULT_SCENARIOS})")
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-shape", type=int, default=2)

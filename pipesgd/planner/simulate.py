@@ -399,11 +399,30 @@ class _Network:
     def shared(self) -> SharedCores | None:
         return self.topology.shared_cores if self.topology is not None else None
 
+    def _round_level(self, ranks: Sequence[int]) -> Level | None:
+        """The level of a replicated stage's all-reduce among `ranks` (None: no round)."""
+        if len(ranks) < 2 or self.topology is None:
+            return None
+        return self._level([self.worker[x] for x in ranks])
+
+    def in_place(self, ranks: Sequence[int]) -> bool:
+        """Whether the engine reduces the replicas' buffers in place (one node's shared
+        memory, `Engine.zeros`) rather than around the ring; never on GPUs, whose
+        gradients reach the engine through host copies of their own."""
+        level = self._round_level(ranks)
+        return level is not None and level.in_place_s_per_byte > 0 \
+            and self.device_copy_s_per_byte == 0
+
     def ring_cpu_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """CPU time of one replica's comm thread in a ring all-reduce of `nbytes`: it
+        """CPU time of one replica's comm thread in an all-reduce of `nbytes`: in place,
+        its share of reading and writing every part (n β_in_place); around a ring, it
         moves 2(r-1)/r n bytes and sums (r-1)/r n of them."""
-        r, shared = len(ranks), self.shared
-        if r < 2 or shared is None:
+        r, shared, level = len(ranks), self.shared, self._round_level(ranks)
+        if level is None:
+            return 0.0
+        if self.in_place(ranks):
+            return nbytes * level.in_place_s_per_byte
+        if shared is None:
             return 0.0
         return (r - 1) / r * nbytes * (2 * shared.cpu_s_per_byte + shared.reduce_s_per_byte)
 
@@ -413,20 +432,27 @@ class _Network:
 
     def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """What one replica's bytes of a ring all-reduce of `nbytes` among `ranks` take at
-        the links' bandwidth: 2(r-1)/r n / B."""
-        r = len(ranks)
-        if r < 2 or self.topology is None:
+        the links' bandwidth, 2(r-1)/r n / B; 0 in place (no bytes on a link)."""
+        level = self._round_level(ranks)
+        if level is None or self.in_place(ranks):
             return 0.0
-        return 2 * (r - 1) / r * nbytes / self._level([self.worker[x] for x in ranks]).bandwidth
+        r = len(ranks)
+        return 2 * (r - 1) / r * nbytes / level.bandwidth
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """Ring all-reduce of `nbytes` among `ranks`: 2(r-1)/r n / B + 2(r-1) latency,
-        and on GPUs the gradient's copy to the host before it and back after it."""
-        r = len(ranks)
-        if r < 2 or self.topology is None:
+        """A replicated stage's all-reduce of `nbytes` among `ranks`, apart from its CPU
+        work: in place two waits of a latency, else the ring's 2(r-1)/r n / B and
+        2(r-1) latencies; where compute keeps shared cores busy, each of those waits
+        also waits for a core (the timing model's `core_wait_seconds`: λ_load less
+        the step's own time on the wire); on GPUs, the gradient's copy to the host
+        before it and back after it."""
+        level = self._round_level(ranks)
+        if level is None:
             return 0.0
-        level = self._level([self.worker[x] for x in ranks])
-        return (self.ring_wire_s(ranks, nbytes) + 2 * (r - 1) * level.latency
+        steps = 2 if self.in_place(ranks) else 2 * (len(ranks) - 1)
+        wire = self.ring_wire_s(ranks, nbytes)
+        load = self.shared.load_latency_s if self.shared is not None else 0.0
+        return (wire + steps * level.latency + steps * max(0.0, load - wire / steps)
                 + 2 * nbytes * self.device_copy_s_per_byte)
 
 

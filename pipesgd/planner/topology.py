@@ -67,6 +67,10 @@ class Level:
         burst_bytes: each sender's token bucket on these links (`NetworkParams.burst_bytes`,
             measured): it refills at `bandwidth` up to this many bytes, and bytes it
             covers leave at once. 0: every byte goes at `bandwidth`.
+        in_place_s_per_byte: where the level's workers share one node's memory, seconds
+            per byte of the engine's all-reduce of its own buffers in place
+            (`NetworkParams.in_place_s_per_byte`), which a replicated stage's round
+            takes. 0: rounds go around the ring over the links.
     """
 
     count: int
@@ -74,6 +78,7 @@ class Level:
     latency: float = 0.0
     eager_bytes: float = 0.0
     burst_bytes: float = 0.0
+    in_place_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -84,8 +89,10 @@ class Level:
             raise ValueError(f"a level's latency must be >= 0 s, got {self.latency!r}")
         if not self.eager_bytes >= 0:
             raise ValueError(f"a level's eager_bytes must be >= 0, got {self.eager_bytes!r}")
-        if not (self.burst_bytes >= 0 and math.isfinite(self.burst_bytes)):
-            raise ValueError(f"a level's burst_bytes must be >= 0, got {self.burst_bytes!r}")
+        for key in ("burst_bytes", "in_place_s_per_byte"):
+            value = getattr(self, key)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"a level's {key} must be >= 0, got {value!r}")
 
     def __str__(self) -> str:
         inner = f"{self.bandwidth / 1e9:g}GB/s"
@@ -106,19 +113,22 @@ class SharedCores:
         cpu_s_per_byte: CPU seconds communication burns per byte moved
             (`NetworkParams.beta_cpu_s_per_byte`; on shared memory the copy itself).
         reduce_s_per_byte: CPU seconds per byte an all-reduce sums (γ).
+        load_latency_s: seconds a step of an all-reduce waits for a core while the
+            workers compute (`NetworkParams.load_latency_s`, λ_load).
     """
 
     cores: int
     workers_per_host: int
     cpu_s_per_byte: float = 0.0
     reduce_s_per_byte: float = 0.0
+    load_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("cores", "workers_per_host"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        for key in ("cpu_s_per_byte", "reduce_s_per_byte"):
+        for key in ("cpu_s_per_byte", "reduce_s_per_byte", "load_latency_s"):
             value = getattr(self, key)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{key} must be a finite number >= 0, got {value!r}")
@@ -225,7 +235,8 @@ class HierarchicalTopology:
         return {
             "levels": [
                 {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency,
-                 "eager_bytes": lv.eager_bytes, "burst_bytes": lv.burst_bytes}
+                 "eager_bytes": lv.eager_bytes, "burst_bytes": lv.burst_bytes,
+                 "in_place_s_per_byte": lv.in_place_s_per_byte}
                 for lv in self.levels
             ],
             "memory_per_worker": self.memory_per_worker,
@@ -239,7 +250,8 @@ class HierarchicalTopology:
         try:
             levels = tuple(
                 Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)),
-                      float(lv.get("eager_bytes", 0.0)), float(lv.get("burst_bytes", 0.0)))
+                      float(lv.get("eager_bytes", 0.0)), float(lv.get("burst_bytes", 0.0)),
+                      float(lv.get("in_place_s_per_byte", 0.0)))
                 for lv in data["levels"]
             )
         except (KeyError, TypeError) as err:
@@ -267,19 +279,22 @@ class HierarchicalTopology:
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
     """One level of `workers` at a measured network's β and α (`NetworkParams`), with
     the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
-    cost (β_cpu, γ), the links' token bucket and, measured on GPUs, the copy rate
-    between a GPU and the host (δ). Its messages move as the pipeline sends them: every
-    byte at once between nodes, where it cuts payloads into eager pieces; within a node
-    the transport's eager bytes, the rest when the receiver asks."""
+    cost (β_cpu, γ, λ_load), the links' token bucket, the in-place all-reduce on one
+    node and, measured on GPUs, the copy rate between a GPU and the host (δ). Its
+    messages move as the pipeline sends them: every byte at once between nodes, where it
+    cuts payloads into eager pieces; within a node the transport's eager bytes, the rest
+    when the receiver asks."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
-                             net.beta_cpu_s_per_byte, net.gamma_s_per_byte)
+                             net.beta_cpu_s_per_byte, net.gamma_s_per_byte,
+                             net.load_latency_s)
     from pipesgd.pipeline.pieces import SMALLEST
 
     cut = net.ranks_per_node is not None and net.eager_bytes >= SMALLEST
     level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s,
-                  math.inf if cut else net.eager_bytes, net.burst_bytes)
+                  math.inf if cut else net.eager_bytes, net.burst_bytes,
+                  net.in_place_s_per_byte)
     return HierarchicalTopology((level,), shared_cores=shared,
                                 device_copy_s_per_byte=net.device_copy_s_per_byte)
 
