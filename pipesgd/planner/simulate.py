@@ -18,17 +18,24 @@ this simulation repeats in passing), one action at a time:
              the header, at this action, so the rest of the payload moves only once the
              receiver is here and the header in. Every part waits for the link between
              the two ranks and for the sender's previous message (one NIC per rank, to
-             whichever peer), occupies both bytes / bandwidth and arrives one latency
-             after that; a receiver that slept meanwhile resumes `receive_delay_s` later
+             whichever peer), occupies both for what the sender's token bucket on that
+             level does not cover (`Level.burst_bytes`: it sends what it holds at once
+             and refills at the bandwidth) / bandwidth, and arrives one latency after
+             that; a receiver that slept meanwhile resumes `receive_delay_s` later
              (the profile's)
     AR       busy copying the gradients (`copy_s`) and for what a replicated round loses
              beyond its actions and its ring's bytes (weight bytes x the profile's
              `replica_s_per_byte`, fitted to a real round), then free: the round's
              all-reduce starts once every replica of the stage has reached it and the
              stage's previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring) on every replica's NIC,
-             after the messages already on it (and the messages sent later queue
-             behind it: all-reduces and activations share the links)
+             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; the bucket covers its first
+             bytes) on every replica's NIC, after the messages already on it (and the
+             messages sent later queue behind it: all-reduces and activations share the
+             links); on a level that reduces in place (`Level.in_place_s_per_byte`:
+             one node, `Engine.zeros`), two latencies and W x that rate of CPU instead.
+             Where workers share cores, each step also waits for one
+             (`SharedCores.load_latency_s` less the step's time on the wire, as the
+             timing model's `core_wait_seconds`)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -68,10 +75,8 @@ alone, and transfers and rounds take their wire time.
 
 Left out: compression of the replicas' all-reduce, gradient and communication buffers in
 memory; a NIC's messages and all-reduces are sent one after another where TCP would
-share the link between them (the same bytes, in another order); the engine's board
-(three replicas or more on one node, weights up to 256 KiB: two waits, not the ring's
-2(r-1)), and its in-place reduction of the replicas' host buffers on one node
-(`Engine.zeros`: two waits, each byte read and written once).
+share the link between them (the same bytes, in another order); the receiving side of
+a link (its own token bucket and NIC).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 
