@@ -80,6 +80,15 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+def write_results(stem: str, tag: str, payload: dict[str, Any],
+                  plot: Any) -> Path:
+    """bench/results/STEM[_TAG].json and, drawn by `plot(path)`, the .png beside it."""
+    path = write_json(f"{stem}{f'_{tag}' if tag else ''}.json", payload)
+    plot(path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return path
+
+
 def init_gloo(comm: Any) -> Any:
     """torch.distributed over gloo on the MPI ranks of `comm`; returns torch.distributed.
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, print_table, write_json
+from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, print_table, write_results
 
 HERE = Path(__file__).resolve()
 WORST, MEDIAN = 0.95, 1.15
@@ -140,12 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{statistics.median(ratios):.2f} median (targets {WORST}, "
                         f"{MEDIAN}): {'PASS' if good else 'FAIL'}")
     print("\n".join(verdicts))
-    suffix = f"_{args.tag}" if args.tag else ""
-    path = write_json(f"pipeline_pieces{suffix}.json",
-                      {"rate": args.rate, "burst": args.burst, "rows": rows,
-                       "verdicts": verdicts})
-    plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    write_results("pipeline_pieces", args.tag, {"rate": args.rate, "burst": args.burst,
+                                                "rows": rows, "verdicts": verdicts},
+                  lambda png: plot(rows, png))
     return 0 if ok else 1
 
 

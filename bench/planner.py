@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, mpirun, print_table, write_json
+from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, mpirun, print_table, write_results
 
 HERE = Path(__file__).resolve()
 MEDIAN_ERROR, WORST_ERROR, PICK_WITHIN = 0.15, 0.30, 0.05
@@ -299,10 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, verdicts, ok = evaluate(results)
     print_table(rows, "Planner: predicted against measured samples/s")
     print("\n".join(verdicts))
-    suffix = f"_{args.tag}" if args.tag else ""
-    path = write_json(f"planner{suffix}.json", {"scenarios": results, "verdicts": verdicts})
-    plot(rows, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    write_results("planner", args.tag, {"scenarios": results, "verdicts": verdicts},
+                  lambda png: plot(rows, png))
     return 0 if ok else 1
 
 

@@ -52,6 +52,14 @@ def _probe(net, pattern: str, nbytes: int = NBYTES):
     return run, json.loads(lines[-1])["seconds"]
 
 
+def _probe_result(net, pattern: str, key: str):
+    """`key` of the JSON line the probe prints for `pattern` (no bytes moved)."""
+    run = net.run([sys.executable, PROBE, pattern, "0"], capture_output=True, timeout=60,
+                  env=mpi_env(), cwd=ROOT)
+    assert run.returncode == 0, f"{pattern} probe failed:\n{run.output}"
+    return json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[key]
+
+
 def _assert_bytes(actual: int, expected: int, what: str, run) -> None:
     assert expected <= actual <= expected * OVERHEAD, (
         f"{what}: link counted {actual:,} B, expected {expected:,}..{int(expected * OVERHEAD):,}"
@@ -185,11 +193,7 @@ def _tcp_eager_limit() -> int:
 def test_eager_probe_finds_the_transports_eager_limit(net3) -> None:
     """Over TCP a message up to Open MPI's eager limit, less its header, is sent before
     the receiver asks; the probe resolves 64 bytes."""
-    run = net3.run([sys.executable, PROBE, "eager", "0"], capture_output=True, timeout=60,
-                   env=mpi_env(), cwd=ROOT)
-    assert run.returncode == 0, f"eager probe failed:\n{run.output}"
-    found = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
-        "eager_bytes"]
+    found = _probe_result(net3, "eager", "eager_bytes")
     limit = _tcp_eager_limit()
     assert limit - 512 < found <= limit, f"found {found:,} B; btl_tcp_eager_limit {limit:,} B"
 
@@ -198,11 +202,7 @@ def test_eager_probe_finds_the_transports_eager_limit(net3) -> None:
 def test_pipeline_links_between_nodes_cut_payloads_at_the_eager_limit(net3) -> None:
     """Ranks in separate namespaces are on separate nodes: the pipeline's link between
     them cuts payloads into pieces of Open MPI's TCP eager limit, to the probe's 1 KiB."""
-    run = net3.run([sys.executable, PROBE, "pieces", "0"], capture_output=True, timeout=60,
-                   env=mpi_env(), cwd=ROOT)
-    assert run.returncode == 0, f"pieces probe failed:\n{run.output}"
-    found = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
-        "piece_bytes"]
+    found = _probe_result(net3, "pieces", "piece_bytes")
     limit = _tcp_eager_limit()
     assert limit - 1024 - 512 < found <= limit, f"pieces of {found:,} B; limit {limit:,} B"
 
