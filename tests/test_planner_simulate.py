@@ -417,6 +417,34 @@ def test_a_replicas_round_starts_with_its_burst():
     assert sim.time_per_micro_batch_s == pytest.approx(4.06 / 4)
 
 
+def test_replicas_on_one_node_reduce_in_place():
+    # The ring above on one node whose engine reduces its own buffers in place at
+    # 0.5 ns per byte: two waits of 10 ms on the wire, and 0.5 s of each replica's
+    # CPU, which the round waits for: 3.5 s per 4 micro-batches.
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4)
+    topo = HierarchicalTopology((Level(4, 1e9, 0.01, in_place_s_per_byte=0.5e-9),))
+    sim = simulate(plan, prof, topo)
+    assert sim.stages[0].allreduce_s == pytest.approx(0.02)
+    assert sim.time_per_micro_batch_s == pytest.approx(3.5 / 4)
+    gpu = dataclasses.replace(topo, device_copy_s_per_byte=1e-12)  # staged: the ring
+    assert simulate(plan, prof, gpu).stages[0].allreduce_s > 1.5
+
+
+@pytest.mark.parametrize("weights, expected", [(1e6, 3.0015 + 0.06 + 6 * (0.1 - 0.00025)),
+                                               (1e9, 4.56)])
+def test_each_step_of_a_round_waits_for_a_core_beyond_its_wire_time(weights, expected):
+    # The ring above on workers that share cores (four, so compute is not slowed) and
+    # whose comm threads wait λ_load = 0.1 s for one: a 1 MB round's six steps take
+    # 0.25 ms each on the wire and wait the rest of 0.1 s; a 1 GB round's steps take
+    # 0.25 s on the wire, which covers the wait.
+    prof = chain([1.0], [2.0], weights=[weights])
+    plan = Plan((StagePlan(0, 1, 4),), schedule="1f1b-rr", micro_batch=4)
+    topo = HierarchicalTopology((Level(4, 1e9, 0.01),),
+                                shared_cores=SharedCores(4, 4, load_latency_s=0.1))
+    assert simulate(plan, prof, topo).time_per_micro_batch_s == pytest.approx(expected / 4)
+
+
 def test_eager_bytes_round_trip_through_json():
     topo = HierarchicalTopology((Level(2, 1e9, 5e-5, 65408.0),))
     assert HierarchicalTopology.from_dict(topo.to_dict()) == topo

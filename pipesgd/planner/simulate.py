@@ -699,10 +699,11 @@ def simulate(
         wire_end = t
         replicas = ranks_of[stage]
         level = net.bucket_key(replicas)
-        sent = 2 * (len(replicas) - 1) / len(replicas) * costs[stage].weight_bytes
+        sent = 0.0 if ring_wire_s[stage] == 0 else \
+            2 * (len(replicas) - 1) / len(replicas) * costs[stage].weight_bytes
         for r in replicas:
             begin = max(t, nic_free[r])
-            wire = bucket(r, level).send(begin, sent) if len(replicas) > 1 else 0.0
+            wire = bucket(r, level).send(begin, sent) if sent > 0 else 0.0
             nic_free[r] = begin + ring_s[stage] - ring_wire_s[stage] + wire
             wire_end = max(wire_end, nic_free[r])
         push(wire_end, ("wire", stage, rnd))
