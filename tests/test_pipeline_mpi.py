@@ -38,6 +38,7 @@ def test_payloads_cut_into_pieces_train_bitwise_as_whole_messages():
     out = run_mpi(3, "pipeline_pieces.py", timeout=120).stdout
     for name in ("1f1b 1-1-1", "1f1b 1-1-1 staged", "1f1b-rr 1-2", "1f1b-rr 1-2 staged"):
         assert f"{name}: pieces [" in out and "cut == whole" in out, out
+    assert "separate nodes, receiver pulls: whole messages" in out, out
 
 
 @pytest.mark.skipif(not engine_available(), reason="pipesgd engine not built (make build)")

@@ -14,8 +14,10 @@ itself (CMA), so messages stay whole there. Ranks are on one node when they shar
 host name and a network namespace (`pipesgd.timing.link_probes.node_key`, as
 `bench/netem.py --nodes` emulates them).
 
-The piece size is the transport's eager limit between the two ranks, probed at the
-pipeline's handshake (`pipesgd.timing.link_probes.eager_limit`, to 1 KiB, a few ms).
+Each link decides at the pipeline's handshake, in 20-30 ms: whether a message four
+times the transport's eager limit waits for its sender (`link_probes.waits_for_sender`;
+where the receiver pulls, as over RDMA, it does not, and small pieces would only add
+messages), and the eager limit itself (`link_probes.eager_limit`, to 1 KiB).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
-from pipesgd.timing.link_probes import eager_limit
+from pipesgd.timing import link_probes
 
 SMALLEST = 1024  # below this a piece costs more in messages than it saves
 LARGEST = 1 << 20  # a transport this eager needs no pieces
@@ -34,14 +36,17 @@ EAGER_WAIT_S = 2e-3  # an eager send completes in microseconds; 2 ms covers a bu
 
 def piece_bytes(comm: MPI.Comm, node_keys: Sequence[str], peer: int, sender: bool) -> int:
     """The piece size for payloads between this rank and `peer`: 0 (whole messages)
-    where `node_keys` (every rank's `node_key()`) put both on one node, or where the eager
-    limit is too small to help; else the eager limit. Pairwise: one rank calls it with
+    where `node_keys` (every rank's `node_key()`) put both on one node, where the eager
+    limit is too small to help, or where a larger message does not wait for its sender;
+    else the eager limit. Pairwise: one rank calls it with
     `sender=True`, `peer` with `sender=False`; both get the same size."""
     if node_keys[peer] == node_keys[comm.Get_rank()]:
         return 0
-    limit = eager_limit(comm, peer, sender, smallest=SMALLEST, largest=LARGEST,
-                        resolution=SMALLEST, wait_s=EAGER_WAIT_S)
-    return limit if SMALLEST <= limit < LARGEST else 0
+    limit = link_probes.eager_limit(comm, peer, sender, smallest=SMALLEST, largest=LARGEST,
+                                    resolution=SMALLEST, wait_s=EAGER_WAIT_S)
+    if not SMALLEST <= limit < LARGEST:
+        return 0
+    return limit if link_probes.waits_for_sender(comm, peer, sender, 4 * limit) else 0
 
 
 def cut(payload: np.ndarray, piece: int) -> list[np.ndarray]:

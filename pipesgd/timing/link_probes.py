@@ -132,6 +132,33 @@ def eager_limit(comm: Any, peer: int, sender: bool, *, smallest: int = 256,
     return ok
 
 
+def waits_for_sender(comm: Any, peer: int, sender: bool, nbytes: int,
+                     hold_s: float = 0.02) -> bool:
+    """Whether a message of `nbytes` whose receive is already posted waits for its
+    sender's next MPI call: the sender posts it and computes for `hold_s` without calling
+    MPI. Over TCP Open MPI moves the rest of a message beyond its eager limit only then;
+    where the receiver pulls (shared memory's single copy, RDMA) it arrives at once.
+    Pairwise, like `eager_limit`; both get the answer."""
+    import numpy as np
+
+    from pipesgd.polling import wait_politely
+
+    buf = np.zeros(nbytes, dtype=np.uint8)
+    if sender:
+        comm.recv(source=peer, tag=_EAGER_TAG + 3)  # the receive is posted
+        request = comm.Isend(buf, dest=peer, tag=_EAGER_TAG + 4)
+        time.sleep(hold_s)  # computing: no MPI call from this thread
+        request.Wait()
+        return bool(comm.recv(source=peer, tag=_EAGER_TAG + 5))
+    request = comm.Irecv(buf, source=peer, tag=_EAGER_TAG + 4)
+    comm.send(None, dest=peer, tag=_EAGER_TAG + 3)
+    start = time.perf_counter()
+    wait_politely(request)
+    waited = time.perf_counter() - start > hold_s / 2
+    comm.send(waited, dest=peer, tag=_EAGER_TAG + 5)
+    return waited
+
+
 def measure_eager(comm: Any, peer: int, most: int = 1 << 20) -> int:
     """The largest message rank 0 sends to `peer` before `peer` posts its receive, to 64
     bytes (collective): `eager_limit` from 256 bytes, three probes in a row per doubling.

@@ -1,7 +1,9 @@
 """Payloads cut into pieces change nothing but how they travel: with every rank told it
-is on a node of its own, each link agrees a piece size at the handshake (the transport's
-eager limit, measured), and the same plans train to bitwise the same weights as with
-whole messages, on the host and through host staging (the GPU's path).
+is on a node of its own, whose messages wait for their sender, each link agrees a piece
+size at the handshake (the transport's eager limit, measured), and the same plans train
+to bitwise the same weights as with whole messages, on the host and through host
+staging (the GPU's path). Told only that they are on nodes of their own, ranks on
+shared memory (whose receiver pulls a large message) keep messages whole.
 
 Run: mpirun -n 3 python tests/mpi/pipeline_pieces.py
 """
@@ -44,17 +46,20 @@ def neighbours(plan: Plan) -> set[int]:
             for r in range(plan.stages[s].replicas)}
 
 
-real_node_key = link_probes.node_key
+real_node_key, real_waits = link_probes.node_key, link_probes.waits_for_sender
 for name, plan in PLANS.items():
     for staging in (False, True):
         whole, none = train(plan, staging)
         assert set(none) == neighbours(plan) and not any(none.values()), \
             f"{name}: ranks on one node cut payloads: {none}"
-        link_probes.node_key = lambda: f"node-{rank}"  # every rank a node of its own
+        # every rank a node of its own, whose messages wait for their sender (as over TCP,
+        # tests/test_netem.py; on shared memory they do not, below)
+        link_probes.node_key = lambda: f"node-{rank}"
+        link_probes.waits_for_sender = lambda *args, **kwargs: True
         try:
             cut, pieces = train(plan, staging)
         finally:
-            link_probes.node_key = real_node_key
+            link_probes.node_key, link_probes.waits_for_sender = real_node_key, real_waits
         assert set(pieces) == neighbours(plan), f"{name}: pieces agreed with {pieces}"
         assert all(SMALLEST <= b < 16384 for b in pieces.values()), \
             f"{name}: shared memory's eager limit is a few KiB, measured {pieces}"
@@ -66,3 +71,14 @@ for name, plan in PLANS.items():
         if rank == 0:
             print(f"{name}{' staged' if staging else ''}: pieces {sorted(set(pieces.values()))} "
                   "bytes, cut == whole", flush=True)
+
+# Nodes of their own, but a large message is pulled by its receiver: whole messages.
+link_probes.node_key = lambda: f"node-{rank}"
+try:
+    _, pieces = train(PLANS["1f1b 1-1-1"], False)
+finally:
+    link_probes.node_key = real_node_key
+assert set(pieces) == neighbours(PLANS["1f1b 1-1-1"]) and not any(pieces.values()), \
+    f"a receiver-pulled link cut payloads: {pieces}"
+if rank == 0:
+    print("separate nodes, receiver pulls: whole messages", flush=True)
