@@ -3,11 +3,10 @@
 Over TCP, Open MPI sends a message up to its eager limit (64 KiB) as soon as `Isend`
 posts it. Of a larger message only the first fragment leaves; the rest moves once the
 receiver has answered *and the sender next enters MPI*. A stage that sends an activation
-and then computes a backward holds its neighbour up for that backward: a 128 KiB
-message took 5.3 ms behind 5 ms of the sender's compute, against 0.3 ms behind an
-idle sender (two ranks over emulated 1 Gbit/s links). Cut into pieces no larger than the
-eager limit, every byte leaves at once: the MLP's pipeline over such links runs 1.36x
-as fast on four stages and 1.16x on three (median launch, `bench/pipeline_pieces.py`).
+and then computes a backward holds its neighbour up for that backward. Cut into pieces
+no larger than the eager limit, every byte leaves at once: the MLP's pipeline over
+emulated 1 Gbit/s links runs 1.36x as fast on four stages and 1.16x on three (median
+launch, `bench/pipeline_pieces.py`).
 
 Within a node Open MPI's receiver copies a large message out of the sender's memory
 itself (CMA), so messages stay whole there. Ranks are on one node when they share a
