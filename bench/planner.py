@@ -199,17 +199,25 @@ def worker(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- driver
-def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
-    link, ranks = scenario.rsplit("-p", 1)
+def scenario_command(scenario: str, inner: list[str]) -> list[str]:
+    """The command that runs `inner` on a scenario's ranks: `shm-pN` under mpirun,
+    `RATE[-bBURST]-pN` under bench/netem.py (e.g. `500mbit-b256KiB-p3`)."""
+    link, sep, ranks = scenario.rpartition("-p")
+    if not sep or not link or not ranks.isdigit() or int(ranks) < 2:
+        raise ValueError(f"bad scenario {scenario!r}: write LINK-pRANKS with 2 or more "
+                         "ranks, e.g. shm-p4, 1gbit-p3 or 500mbit-b256KiB-p3")
+    if link == "shm":
+        return [mpirun(), "--oversubscribe", "-n", ranks, *inner]
     rate, _, burst = link.partition("-b")
+    return [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", rate,
+            *(["--burst", burst] if burst else []), "--", *inner]
+
+
+def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
     inner = [*PYTHON_UNDER_MPI, str(HERE), "--worker", "--out", str(out), "--models",
              args.models, "--rounds", str(args.rounds), "--per-shape", str(args.per_shape),
              "--micro-batches", str(args.micro_batches)]
-    if link == "shm":
-        cmd = [mpirun(), "--oversubscribe", "-n", ranks, *inner]
-    else:
-        cmd = [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", rate,
-               *(["--burst", burst] if burst else []), "--", *inner]
+    cmd = scenario_command(scenario, inner)
     print(f"\n== {scenario}: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, env=mpi_env(), check=True, timeout=args.timeout)
     return json.loads(out.read_text())
@@ -293,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
+    for scenario in args.scenarios.split(","):
+        scenario_command(scenario, [])  # every name checked before the first launch
     results = {}
     for scenario in args.scenarios.split(","):
         results[scenario] = launch(scenario, args, RESULTS / f"planner_{scenario}.json")
