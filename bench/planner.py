@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
     for scenario in args.scenarios.split(","):
-        scenario_command(scenario, [])  # every name checked before the first launch
+        try:
+            scenario_command(scenario, [])  # every name checked before the first launch
+        except ValueError as err:
+            ap.error(str(err))
     results = {}
     for scenario in args.scenarios.split(","):
         results[scenario] = launch(scenario, args, RESULTS / f"planner_{scenario}.json")
