@@ -435,14 +435,17 @@ class _Network:
         """CPU time of moving `nbytes` from one rank to another."""
         return 0.0 if self.shared is None else nbytes * self.shared.cpu_s_per_byte
 
-    def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """What one replica's bytes of a ring all-reduce of `nbytes` among `ranks` take at
-        the links' bandwidth, 2(r-1)/r n / B; 0 in place (no bytes on a link)."""
-        level = self._round_level(ranks)
-        if level is None or self.in_place(ranks):
+    def ring_bytes(self, ranks: Sequence[int], nbytes: float) -> float:
+        """Bytes one replica sends over its link in a ring all-reduce of `nbytes` among
+        `ranks`, 2(r-1)/r n; 0 in place (nothing crosses a link)."""
+        if self._round_level(ranks) is None or self.in_place(ranks):
             return 0.0
-        r = len(ranks)
-        return 2 * (r - 1) / r * nbytes / level.bandwidth
+        return 2 * (len(ranks) - 1) / len(ranks) * nbytes
+
+    def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
+        """What those bytes take at the links' bandwidth."""
+        sent = self.ring_bytes(ranks, nbytes)
+        return sent / self._level([self.worker[x] for x in ranks]).bandwidth if sent else 0.0
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """A replicated stage's all-reduce of `nbytes` among `ranks`, apart from its CPU
@@ -585,6 +588,8 @@ def simulate(
     ranks_of = [[plan.rank_of(s, i) for i in range(sp.replicas)]
                 for s, sp in enumerate(plan.stages)]
     ring_s = [net.ring_s(ranks_of[s], costs[s].weight_bytes) for s in range(plan.num_stages)]
+    ring_bytes = [net.ring_bytes(ranks_of[s], costs[s].weight_bytes)
+                  for s in range(plan.num_stages)]
     ring_wire_s = [net.ring_wire_s(ranks_of[s], costs[s].weight_bytes)
                    for s in range(plan.num_stages)]
     ring_cpu_s = [net.ring_cpu_s(ranks_of[s], costs[s].weight_bytes)
@@ -699,8 +704,7 @@ def simulate(
         wire_end = t
         replicas = ranks_of[stage]
         level = net.bucket_key(replicas)
-        sent = 0.0 if ring_wire_s[stage] == 0 else \
-            2 * (len(replicas) - 1) / len(replicas) * costs[stage].weight_bytes
+        sent = ring_bytes[stage]
         for r in replicas:
             begin = max(t, nic_free[r])
             wire = bucket(r, level).send(begin, sent) if sent > 0 else 0.0
