@@ -3,6 +3,7 @@ emulated link (when running under bench/netem.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -78,6 +79,16 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / name
     path.write_text(json.dumps(payload, indent=2))
     return path
+
+
+def add_launcher_arguments(ap: Any, timeout_s: float) -> None:
+    """What a benchmark that starts its own `mpirun` workers takes besides its own options:
+    a time limit per launch, a tag for its results, and the worker's hidden flags."""
+    ap.add_argument("--timeout", type=float, default=timeout_s,
+                    help=f"seconds per launch (default {timeout_s:g})")
+    ap.add_argument("--tag", default="", help="results go to NAME_TAG.json and .png")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
 
 
 def write_results(stem: str, tag: str, payload: dict[str, Any],

@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, print_table, write_results
+from common import (
+    PYTHON_UNDER_MPI,
+    RESULTS,
+    add_launcher_arguments,
+    mpi_env,
+    print_table,
+    write_results,
+)
 
 HERE = Path(__file__).resolve()
 WORST, MEDIAN = 0.95, 1.15
@@ -110,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="runs of each arm per launch")
     ap.add_argument("--micro-batches", type=int, default=64)
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    add_launcher_arguments(ap, timeout_s=600)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)

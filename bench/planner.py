@@ -44,7 +44,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON_UNDER_MPI, RESULTS, mpi_env, mpirun, print_table, write_results
+from common import (
+    PYTHON_UNDER_MPI,
+    RESULTS,
+    add_launcher_arguments,
+    mpi_env,
+    mpirun,
+    print_table,
+    write_results,
+)
 
 HERE = Path(__file__).resolve()
 MEDIAN_ERROR, WORST_ERROR, PICK_WITHIN = 0.15, 0.30, 0.05
@@ -294,10 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-shape", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=64,
                     help="micro-batches per timed epoch")
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    add_launcher_arguments(ap, timeout_s=1800)
     args = ap.parse_args(argv)
     if args.worker:
         return worker(args)
