@@ -132,13 +132,15 @@ class GradientBuckets:
         engine: on the CPU, the buffers come from `engine.zeros` (collective: every
             rank builds the same buckets in the same order). Where the ranks share a
             node's memory the engine then reduces them in place, without copies.
+        layout: the layout of `params` and `bucket_bytes` when the caller has built it
+            already (to check it across ranks first); None: built here.
 
     Raises:
         ValueError: `sets` < 1 or `bucket_bytes` <= 0.
     """
 
     def __init__(self, params: Sequence[Tensor], bucket_bytes: int, sets: int = 1,
-                 engine: Engine | None = None) -> None:
+                 engine: Engine | None = None, layout: BucketLayout | None = None) -> None:
         if sets < 1:
             raise ValueError(f"need at least one set of buckets, got sets={sets}")
         self.params = list(params)
@@ -147,7 +149,8 @@ class GradientBuckets:
             raise ValueError(f"the parameters are on several devices ({sorted(map(str, devices))}):"
                              " move the model to one device first")
         device = devices.pop() if devices else torch.device("cpu")
-        self.layout = BucketLayout.build(self.params, bucket_bytes)
+        self.layout = BucketLayout.build(self.params, bucket_bytes) if layout is None \
+            else layout
 
         def zeros(bucket: Bucket) -> Tensor:
             if engine is None or device.type != "cpu":

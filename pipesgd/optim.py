@@ -164,11 +164,11 @@ class DistributedOptimizer:
                 "pass the communicator the engine was built on as comm="
             )
         bucket_bytes = int(self.bucket_mb * 2**20)
+        layout = BucketLayout.build(self.params, bucket_bytes)
         # Checked before the buckets, whose allocation is collective (Engine.zeros).
-        _check_across_ranks(self.comm, self._describe(BucketLayout.build(self.params,
-                                                                         bucket_bytes)))
+        _check_across_ranks(self.comm, self._describe(layout))
         self.buckets = GradientBuckets(self.params, bucket_bytes, sets=staleness,
-                                       engine=self.engine)
+                                       engine=self.engine, layout=layout)
         on_device = any(p.device.type != "cpu" for p in self.params)
         if on_device and staging is False:
             raise ValueError(

@@ -1,19 +1,21 @@
 """What communication and its kernels cost the host: γ, the copy and the compression
 kernels on one core (`measure_kernels`), δ between a GPU and pinned host memory
-(`measure_device_copy`), and, measured on the engine, β_cpu (the CPU a rank's
+(`measure_device_copy`), and, measured on the engine, β_in_place (its in-place
+reduction of a node's shared buffers: `measure_in_place`), β_cpu (the CPU a rank's
 communication takes per wire byte) and the load latency (how much longer a ring step
 takes while every rank's compute keeps the shared cores busy: `engine_costs`).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pipesgd.polling import idle_barrier
-from pipesgd.timing.link_probes import per_wire_byte
+from pipesgd.timing.link_probes import per_wire_byte, slowest_seconds
 from pipesgd.timing.network import COMPRESSED_MODES, KernelCosts, default_cores
 from pipesgd.timing.spread import interquartile_range, median_spread
 
@@ -101,6 +103,24 @@ def measure_device_copy(device: Any, nbytes: int = 64 << 20, repeats: int = 10) 
         return statistics.median(samples)
 
     return (timed(on_device, host) + timed(host, on_device)) / (2 * nbytes)
+
+
+def measure_in_place(comm: Any, engine: Any, nbytes: int, repeats: int) -> tuple[float, float]:
+    """β_in_place and its spread: the slowest rank's time per buffer byte of an
+    uncompressed allreduce of `nbytes` of the engine's own buffers (`Engine.zeros`,
+    reduced in place where the ranks share a node's memory), sums included
+    (collective). One large size rather than a slope between two: its two waits are
+    microseconds against milliseconds, and a slope takes the difference of two noisy
+    medians. 0 where the engine lends no shared memory."""
+    import numpy as np
+
+    if not engine.shares_memory:
+        return 0.0, 0.0
+    buf = engine.zeros(nbytes // 4, np.float32)
+    buf[:] = 1.0  # averaged, it stays 1
+    run = functools.partial(engine.allreduce, buf, op="average")
+    median, spread = median_spread(slowest_seconds(comm, run, repeats, warmups=2))
+    return median / nbytes, spread
 
 
 def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,

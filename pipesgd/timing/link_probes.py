@@ -211,7 +211,7 @@ def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> N
     _wait(requests, polite)
 
 
-def _slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
+def slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
                      warmups: int) -> list[float]:
     """The slowest rank's seconds of `run` (started together after a barrier), each of
     `repeats` timed calls after `warmups` untimed ones (collective)."""
@@ -239,29 +239,11 @@ def measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
         send = np.ones(m, dtype=np.uint8)
         recv = np.empty(m, dtype=np.uint8)
         step = functools.partial(_ring_step, comm, send, recv, segment, polite)
-        step_times[m] = _slowest_seconds(comm, step, repeats, warmups=3)
+        step_times[m] = slowest_seconds(comm, step, repeats, warmups=3)
     small, large = sizes
     t_small, _ = median_spread(step_times[small])
     t_large, spread = median_spread(step_times[large])
     return max(t_large - t_small, 1e-15) / (large - small), spread
-
-
-def measure_in_place(comm: Any, engine: Any, nbytes: int, repeats: int) -> tuple[float, float]:
-    """β_in_place and its spread: the slowest rank's time per buffer byte of an
-    uncompressed allreduce of `nbytes` of the engine's own buffers (`Engine.zeros`,
-    reduced in place where the ranks share a node's memory), sums included
-    (collective). One large size rather than a slope between two: its two waits are
-    microseconds against milliseconds, and a slope takes the difference of two noisy
-    medians. 0 where the engine lends no shared memory."""
-    import numpy as np
-
-    if not engine.shares_memory:
-        return 0.0, 0.0
-    buf = engine.zeros(nbytes // 4, np.float32)
-    buf[:] = 1.0  # averaged, it stays 1
-    run = functools.partial(engine.allreduce, buf, op="average")
-    median, spread = median_spread(_slowest_seconds(comm, run, repeats, warmups=2))
-    return median / nbytes, spread
 
 
 def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
@@ -279,6 +261,6 @@ def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: i
     for n in n_sizes:
         buf = np.ones(n // 4, dtype=np.float32)
         run = functools.partial(engine.allreduce, buf, op="average")
-        walls = _slowest_seconds(comm, run, repeats, warmups=1)
+        walls = slowest_seconds(comm, run, repeats, warmups=1)
         medians[n], spread = median_spread(walls)
     return max(per_wire_byte(medians, n_sizes, p, gamma), 1e-15), spread

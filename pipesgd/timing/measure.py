@@ -9,12 +9,16 @@ import time
 from typing import Any
 
 from pipesgd.polling import idle_barrier
-from pipesgd.timing.host_costs import engine_costs, measure_device_copy, measure_kernels
+from pipesgd.timing.host_costs import (
+    engine_costs,
+    measure_device_copy,
+    measure_in_place,
+    measure_kernels,
+)
 from pipesgd.timing.link_probes import (
     measure_alpha,
     measure_beta,
     measure_eager,
-    measure_in_place,
     measure_node_link,
     measure_ring_beta,
     node_key,
