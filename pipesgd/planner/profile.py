@@ -394,8 +394,8 @@ def cold_cache_s_per_byte(model: Any, sample_input: Any, loss_fn: Callable[[Any]
     may resume on another core. Each action is timed in thread CPU time straight after
     the one before it (warm) and after streaming a buffer twice the size of the
     last-level cache (cold); the result is the median over the three actions of the
-    median difference, over the weights' bytes (the MLP's and the CNN's figures, warm,
-    evicted and after a sleep: BENCHMARKS.md, "Planner: predicted against measured").
+    median difference, over the weights' bytes (each `bench/planner.py` scenario
+    records the figure, `cold_s_per_byte`, in its JSON).
     0 for a model on a GPU (its actions do not read through the host's caches) and for
     one without parameters. Up to `repeats` pairs, fewer (at least 5) where they would
     take longer than `budget_s`: a large model's passes cost seconds, and its few weight

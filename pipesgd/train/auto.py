@@ -232,8 +232,8 @@ def choose_for_run(config: TrainConfig, comm: MPI.Comm) -> AutoChoice:
     measured = time.perf_counter()
 
     # Every rank profiles at once, as they will train: ranks that share a host's cores and
-    # memory slow each other's passes (BENCHMARKS.md, timing model: a profile taken alone
-    # predicted compute-bound runs low).
+    # memory slow each other's passes (docs/timing_model.md, "The profile beside the other
+    # ranks").
     failure: Exception | None = None
     try:
         prof = profile_run(config, device)
