@@ -135,3 +135,29 @@ def test_polite_wait_returns_on_completion_and_names_a_bad_setting(monkeypatch):
     monkeypatch.setenv("PIPESGD_POLL_US", "fast")
     with pytest.raises(ValueError, match="PIPESGD_POLL_US"):
         wait_politely(MPI.REQUEST_NULL)
+
+
+def test_a_stashed_version_runs_exactly_as_functional_call_runs_it_ties_included():
+    # Two layers sharing one weight (a tie) and a frozen one: the forward on a stashed
+    # version swaps that version into every place its tensors are registered, as
+    # torch.func.functional_call does, and leaves the live parameters in place after.
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Linear(4, 2))
+    module[2].weight = module[0].weight
+    module[3].requires_grad_(False)
+    stage = make_stage(WeightStash, module=module)
+    live = list(stage.params)
+    version = [p.detach().clone().add_(0.25).requires_grad_(True) for p in stage.params]
+    x = torch.randn(5, 4)
+    out = stage._call(version, x)
+    want = torch.func.functional_call(module, dict(zip(stage.names, version, strict=True)), (x,))
+    assert torch.equal(out, want)
+    got = torch.autograd.grad(out.square().sum(), version)
+    ref = torch.autograd.grad(want.square().sum(), version)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
+    assert [p is q for p, q in zip(stage.params, live, strict=True)] == [True] * len(live)
+    assert module[2].weight is module[0].weight and module[0].weight is live[0]
+    # an exception inside the forward puts the live parameters back too
+    with pytest.raises(RuntimeError):
+        stage._call(version, torch.randn(5, 3))
+    assert module[0].weight is live[0] and module[2].weight is live[0]

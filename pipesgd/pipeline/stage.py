@@ -1,10 +1,9 @@
 """One stage replica's compute: forward and backward of micro-batches through its layers,
 gradient accumulation into a flat buffer, and the optimizer step.
 
-Forwards run through `torch.func.functional_call` on the parameter tensors the weight
-policy hands out (stash.py), so the backward of a micro-batch differentiates exactly the
-version its forward used; `torch.autograd.grad` returns the gradients without touching
-any `.grad` shared between micro-batches.
+Forwards run on the parameter tensors the weight policy hands out (stash.py), swapped
+into the module's parameter slots for the call as `torch.func.functional_call` would, so
+the backward of a micro-batch differentiates exactly the version its forward used.
 """
 
 from __future__ import annotations
@@ -79,6 +78,14 @@ class Stage:
         self.steps = 0  # optimizer steps of the live parameters, resumes included
         self._storages = {p.untyped_storage().data_ptr(): i for i, p in enumerate(self.params)}
         self._backward_weights: list[Tensor] = self.params
+        # Every place a trainable parameter is registered, ties included, as (submodule,
+        # name, index in params): a forward on another version swaps its tensors in there.
+        index = {id(p): i for i, p in enumerate(self.params)}
+        self._slots: list[tuple[nn.Module, str, int]] = []
+        for full, p in module.named_parameters(remove_duplicate=False):
+            if id(p) in index:
+                owner, _, name = full.rpartition(".")
+                self._slots.append((module.get_submodule(owner), name, index[id(p)]))
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         views, offset = [], 0
@@ -157,7 +164,15 @@ class Stage:
     def _call(self, weights: list[Tensor], x: Tensor) -> Tensor:
         if weights is self.params:
             return self.module(x)
-        return functional_call(self.module, dict(zip(self.names, weights, strict=True)), (x,))
+        # What torch.func.functional_call does, without its per-call lookup of every name
+        # and check for ties (26 µs a forward on a 3-layer MLP stage, against a few).
+        for owner, name, i in self._slots:
+            owner._parameters[name] = weights[i]
+        try:
+            return self.module(x)
+        finally:
+            for owner, name, i in self._slots:
+                owner._parameters[name] = self.params[i]
 
     def _note_activations(self) -> None:
         held = saved = 0

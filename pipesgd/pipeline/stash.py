@@ -1,12 +1,13 @@
 """Weight-version policies: which parameter tensors a micro-batch's forward runs with.
 
-The stage runs every forward through `torch.func.functional_call` on the tensors a
-policy hands out, so autograd keeps exactly that version alive for the backward and
-the optimizer's in-place update of the live parameters never touches it. No state dict
-is swapped in or out. A version is a list of tensors (one per parameter) after `k`
-optimizer steps; it is freed when the last micro-batch that used it has run its
-backward. Buffers (BatchNorm running statistics) are not versioned: they live in the
-module and are updated in place by every forward.
+The stage runs every forward on the tensors a policy hands out (in the module's
+parameter slots for the call, as `torch.func.functional_call` does), so autograd keeps
+exactly that version alive for the backward and the optimizer's in-place update of the
+live parameters never touches it. No state dict is copied in or out. A version is a
+list of tensors (one per parameter) after `k` optimizer steps; it is freed when the
+last micro-batch that used it has run its backward. Buffers (BatchNorm running
+statistics) are not versioned: they live in the module and are updated in place by
+every forward.
 
 Policies:
     LatestWeights  -- forward on the live parameters (GPipe: no update happens between a
