@@ -212,7 +212,7 @@ def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> N
 
 
 def slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
-                     warmups: int) -> list[float]:
+                    warmups: int) -> list[float]:
     """The slowest rank's seconds of `run` (started together after a barrier), each of
     `repeats` timed calls after `warmups` untimed ones (collective)."""
     from mpi4py import MPI
