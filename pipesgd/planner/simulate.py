@@ -35,7 +35,7 @@ this simulation repeats in passing), one action at a time:
              one node, `Engine.zeros`), two latencies and W x that rate of CPU instead.
              Where workers share cores, each step also waits for one
              (`SharedCores.load_latency_s` less the step's time on the wire, as the
-             timing model's `core_wait_seconds`)
+             timing model's `steps_core_wait`)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -98,6 +98,7 @@ from typing import Any
 from pipesgd.pipeline import schedule as sched
 from pipesgd.pipeline.plan import Plan
 from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
+from pipesgd.timing.model import steps_core_wait
 
 from .profile import ModelProfile
 from .topology import HierarchicalTopology, Level, SharedCores, as_topology
@@ -445,13 +446,14 @@ class _Network:
     def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """What those bytes take at the links' bandwidth."""
         sent = self.ring_bytes(ranks, nbytes)
-        return sent / self._level([self.worker[x] for x in ranks]).bandwidth if sent else 0.0
+        level = self._round_level(ranks)
+        return sent / level.bandwidth if sent and level is not None else 0.0
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """A replicated stage's all-reduce of `nbytes` among `ranks`, apart from its CPU
         work: in place two waits of a latency, else the ring's 2(r-1)/r n / B and
         2(r-1) latencies; where compute keeps shared cores busy, each of those waits
-        also waits for a core (the timing model's `core_wait_seconds`: λ_load less
+        also waits for a core (the timing model's `steps_core_wait`: λ_load less
         the step's own time on the wire); on GPUs, the gradient's copy to the host
         before it and back after it."""
         level = self._round_level(ranks)
@@ -460,7 +462,7 @@ class _Network:
         steps = 2 if self.in_place(ranks) else 2 * (len(ranks) - 1)
         wire = self.ring_wire_s(ranks, nbytes)
         load = self.shared.load_latency_s if self.shared is not None else 0.0
-        return (wire + steps * level.latency + steps * max(0.0, load - wire / steps)
+        return (wire + steps * level.latency + steps_core_wait(steps, load, wire)
                 + 2 * nbytes * self.device_copy_s_per_byte)
 
 

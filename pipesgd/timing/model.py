@@ -266,13 +266,19 @@ def unshared_fraction(comm_cpu_s: float, comm_wall_s: float, ranks: int, cores: 
 
 def core_wait_seconds(cost: RingCost, net: NetworkParams) -> float:
     """What waiting for a core adds to one allreduce of `cost` while compute keeps
-    the shared cores busy: each of its steps (`RingCost.waits`) waits λ_load for the comm thread,
-    less the step's own time on the wire, which the transport's buffers keep moving
-    meanwhile (a bulk step over a slow link hides the wait; a small one pays it all)."""
-    steps = cost.waits
+    the shared cores busy (`steps_core_wait` of its `RingCost.waits` steps)."""
+    return steps_core_wait(cost.waits, net.load_latency_s, cost.transfer)
+
+
+def steps_core_wait(steps: float, load_latency_s: float, transfer_s: float) -> float:
+    """What waiting for a core adds to an allreduce of `steps` steps that spend
+    `transfer_s` on the wire in all: each step waits λ_load (`load_latency_s`) for the
+    comm thread, less the step's own time on the wire, which the transport's buffers keep
+    moving meanwhile (a bulk step over a slow link hides the wait; a small one pays it
+    all). The planner's simulator charges a replicated stage's rounds the same."""
     if steps == 0:
         return 0.0
-    return steps * max(0.0, net.load_latency_s - cost.transfer / steps)
+    return steps * max(0.0, load_latency_s - transfer_s / steps)
 
 
 def compression_seconds(n: float, p: int, net: NetworkParams, mode: str) -> float:
