@@ -91,6 +91,13 @@ def add_launcher_arguments(ap: Any, timeout_s: float) -> None:
     ap.add_argument("--out", help=argparse.SUPPRESS)
 
 
+def netem_command(ranks: int | str, rate: str, burst: str, inner: list[str]) -> list[str]:
+    """`inner` on `ranks` ranks, each behind its own emulated link of `rate` with a token
+    bucket of `burst` ("": netem's default), as a command (bench/netem.py, root)."""
+    return [sys.executable, str(Path(__file__).resolve().parent / "netem.py"), "--np",
+            str(ranks), "--rate", rate, *(["--burst", burst] if burst else []), "--", *inner]
+
+
 def write_results(stem: str, tag: str, payload: dict[str, Any],
                   plot: Any) -> Path:
     """bench/results/STEM[_TAG].json and, drawn by `plot(path)`, the .png beside it."""

@@ -35,6 +35,7 @@ from common import (
     RESULTS,
     add_launcher_arguments,
     mpi_env,
+    netem_command,
     print_table,
     write_results,
 )
@@ -80,9 +81,7 @@ def worker(args: argparse.Namespace) -> int:
 def launch(ranks: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     inner = [*PYTHON_UNDER_MPI, str(HERE), "--worker", "--out", str(out),
              "--rounds", str(args.rounds), "--micro-batches", str(args.micro_batches)]
-    burst = ["--burst", args.burst] if args.burst else []
-    cmd = [sys.executable, str(HERE.parent / "netem.py"), "--np", str(ranks), "--rate",
-           args.rate, *burst, "--", *inner]
+    cmd = netem_command(ranks, args.rate, args.burst, inner)
     subprocess.run(cmd, env=mpi_env(), check=True, timeout=args.timeout,
                    stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())

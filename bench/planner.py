@@ -50,6 +50,7 @@ from common import (
     add_launcher_arguments,
     mpi_env,
     mpirun,
+    netem_command,
     print_table,
     write_results,
 )
@@ -217,8 +218,7 @@ def scenario_command(scenario: str, inner: list[str]) -> list[str]:
     if link == "shm":
         return [mpirun(), "--oversubscribe", "-n", ranks, *inner]
     rate, _, burst = link.partition("-b")
-    return [sys.executable, str(HERE.parent / "netem.py"), "--np", ranks, "--rate", rate,
-            *(["--burst", burst] if burst else []), "--", *inner]
+    return netem_command(ranks, rate, burst, inner)
 
 
 def launch(scenario: str, args: argparse.Namespace, out: Path) -> dict:
