@@ -228,15 +228,15 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;  // waits for a running operation
              return e.path_watch_retrials();
            })
-      .def("large_operations_as_messages",
+      .def("tuned_paths",
            [](Engine& e) {
-             std::map<std::size_t, bool> decided;
+             std::map<std::size_t, PathKind> decided;
              {
                py::gil_scoped_release release;  // waits for a running operation
-               decided = e.large_operations_as_messages();
+               decided = e.tuned_paths();
              }
              py::dict d;
-             for (const auto& [bytes, messages] : decided) d[py::int_(bytes)] = messages;
+             for (const auto& [bytes, path] : decided) d[py::int_(bytes)] = path_name(path);
              return d;
            })
       .def_property_readonly("comm_cpu", &Engine::comm_cpu)

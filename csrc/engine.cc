@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "allreduce/board.h"
@@ -117,6 +118,18 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
   // Large operations on one node take whichever of links and MPI messages was faster
   // (path_tuner.h); a ring across nodes keeps its links.
   tune_paths_ = links_ != nullptr && config_.shm_links < 0 && all_edges_linked;
+  // With a board, the caller's arrays may also be staged through a buffer every rank
+  // maps (allreduce/board.h); the tuner times that path beside the ring's.
+  // board_bytes = 0 asks for the ring alone.
+  if (tune_paths_ && shared_buffers_ != nullptr && options.board_bytes > 0) {
+    std::string why_not;
+    stage_ = shared_buffers_->allocate_stage(kStagePieceBytes, &why_not);
+    if (stage_ == nullptr && !why_not.empty()) {
+      std::fprintf(stderr, "pipesgd: rank %d: no stage for the caller's arrays (%s); they "
+                   "take the ring\n", rank_, why_not.c_str());
+    }
+  }
+  tuner_ = PathTuner(stage_ != nullptr);
   const RingPath& shown = links_ ? link_path_ : message_path_;
   config_.segment_bytes = shown.segment_bytes;
   config_.window = shown.window;
@@ -257,11 +270,9 @@ void Engine::execute(Operation& op) {
   }
 }
 
-std::map<std::size_t, bool> Engine::large_operations_as_messages() {
+std::map<std::size_t, PathKind> Engine::tuned_paths() {
   std::lock_guard<std::mutex> exec(exec_mutex_);
-  std::map<std::size_t, bool> out;
-  for (const auto& [bytes, path] : tuner_.decided()) out[bytes] = path == RingPathKind::kMessages;
-  return out;
+  return tuner_.decided();
 }
 
 int Engine::path_watch_retrials() {
@@ -273,7 +284,7 @@ void Engine::run_on_tuned_path(Operation& op) {
   if (board_ != nullptr) {
     announce_operation(*board_, op);
     if (board_takes(*board_, op)) {
-      board_allreduce(*ctx_, *board_, op, board_rounds_++);
+      board_allreduce(*ctx_, *board_, op, board_rounds_);
       return;
     }
   }
@@ -292,8 +303,12 @@ void Engine::run_on_tuned_path(Operation& op) {
   const PathTuner::Choice choice =
       tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
   const auto start = std::chrono::steady_clock::now();
-  ring_allreduce(*ctx_, workspace_, op,
-                 choice.path == RingPathKind::kMessages ? message_path_ : link_path_);
+  if (choice.path == PathKind::kStaged) {
+    staged_board_allreduce(*ctx_, *board_, *stage_, op, board_rounds_);
+  } else {
+    ring_allreduce(*ctx_, workspace_, op,
+                   choice.path == PathKind::kMessages ? message_path_ : link_path_);
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (tuner_.record(choice, seconds)) agree_class_ = choice.size_class;
@@ -305,7 +320,7 @@ void Engine::agree_on_path_times(int size_class, Operation& op) {
   PathTuner::TrialTimes mine = tuner_.trial_times(size_class), shortest{};
   MPI_Request req = MPI_REQUEST_NULL;
   const int left = (rank_ + size_ - 1) % size_;
-  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kTimed, MPI_DOUBLE,
+  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kMaxTimed, MPI_DOUBLE,
                                MPI_MIN, ctx_->comm(), &req),
                 -1);
   ctx_->wait(req, op, left, "agreeing with every rank on the faster path", false);

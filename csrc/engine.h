@@ -92,10 +92,11 @@ class Engine {
     return {links_ != nullptr && links_->reaches_left(),
             links_ != nullptr && links_->reaches_right()};
   }
-  // Large operations are timed on the links and as MPI messages, and take the faster
-  // (path_tuner.h): per size class decided so far, its smallest size in bytes and
-  // whether messages won. Empty when not tuned. Waits for a running operation.
-  std::map<std::size_t, bool> large_operations_as_messages();
+  // Operations in the caller's memory are timed on the links, as MPI messages and on
+  // the staged board, and take the fastest (path_tuner.h): per size class decided so
+  // far, its smallest size in bytes and the path kept. Empty when not tuned. Waits for
+  // a running operation.
+  std::map<std::size_t, PathKind> tuned_paths();
   // How often a watched path fell behind and its class ran its trials early.
   int path_watch_retrials();
   // The CPU the comm thread is bound to, or -1 (thread_sched.h: bind_comm_thread).
@@ -109,7 +110,7 @@ class Engine {
   std::shared_ptr<Operation> make_operation(void* data, std::size_t count, DType dtype,
                                             ReduceOp op, Compression compression) const;
   // Runs `op` on the board where it fits, else around the ring on the links or as MPI
-  // messages, as the tuner says, and teaches the tuner.
+  // messages or staged on the board, as the tuner says, and teaches the tuner.
   void run_on_tuned_path(Operation& op);
   // Takes each timed operation of `size_class` at its shortest over the ranks and hands
   // them to the tuner (an allreduce with MIN; `op` names the wait).
@@ -136,6 +137,12 @@ class Engine {
   std::uint64_t board_rounds_ = 0;  // under exec_mutex_: operations the board has run
   // Where there is a board: buffers every rank maps, reduced in place on the board.
   std::unique_ptr<SharedBuffers> shared_buffers_;
+  // Where the paths are tuned: this rank's part holds a piece of a caller's array on
+  // the staged board (allreduce/board.h).
+  std::shared_ptr<SharedBuffer> stage_;
+  // 512 KiB: pieces of 256 KiB to 1 MiB ran level on a VM with 1 MiB of L2 per core,
+  // 2 MiB slower (docs/engine.md, "The caller's arrays, staged").
+  static constexpr std::size_t kStagePieceBytes = 512u << 10;
   PathTuner tuner_;          // under exec_mutex_
   int agree_class_ = -1;     // under exec_mutex_: a class whose times await agreement
   Workspace workspace_;

@@ -28,8 +28,10 @@ struct EngineOptions {
   bool poll_while_waited = true;
   // When three ranks or more are all on one node: uncompressed operations up to this many
   // bytes (the smallest over the ranks) go through the shared-memory board
-  // (allreduce/board.h), 0: none; the rest take the ring. 256 KiB: up to where the board
-  // was faster than the ring at p = 3 and 4 (docs/engine.md, "Small operations: the board").
+  // (allreduce/board.h); the rest take the ring, or where it is faster the board staged
+  // (path_tuner.h). 256 KiB: up to where the board was faster than the ring at p = 3
+  // and 4 (docs/engine.md, "Small operations: the board"). 0: the caller's arrays take
+  // the ring alone, at any p.
   std::size_t board_bytes = 256 * 1024;
 };
 

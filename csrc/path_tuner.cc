@@ -1,6 +1,7 @@
 #include "path_tuner.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace pipesgd {
 namespace {
@@ -13,25 +14,51 @@ int floor_log2(std::size_t x) {
 
 }  // namespace
 
+const char* path_name(PathKind path) {
+  switch (path) {
+    case PathKind::kLinks:
+      return "links";
+    case PathKind::kMessages:
+      return "messages";
+    case PathKind::kStaged:
+      return "staged";
+  }
+  return "?";
+}
+
+std::vector<PathKind> PathTuner::candidates(int size_class) const {
+  std::vector<PathKind> out{PathKind::kLinks};
+  if ((std::size_t{1} << size_class) >= kMessagesFromBytes) out.push_back(PathKind::kMessages);
+  if (staged_) out.push_back(PathKind::kStaged);
+  return out;
+}
+
+PathKind PathTuner::timed_path(int size_class, int j) const {
+  const std::vector<PathKind> c = candidates(size_class);
+  const int n = static_cast<int>(c.size());
+  return c[static_cast<std::size_t>(j < n ? j : 2 * n - 1 - j)];
+}
+
 PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
   Choice c;
   // The links carry compressed data in a quarter or half of the bytes, where they win.
   if (compressed || bytes < kTunedFromBytes) return c;
   c.size_class = floor_log2(bytes);
+  const int n = static_cast<int>(candidates(c.size_class).size());
+  if (n < 2) {  // nothing to choose between
+    c.size_class = -1;
+    return c;
+  }
   const auto it = classes_.find(c.size_class);
   const int trial = it == classes_.end() ? 0 : it->second.trials;
   if (it != classes_.end() && it->second.decided) {
     c.path = it->second.path;
     return c;
   }
-  c.timed = trial >= 2 * kWarmupsPerPath;
-  // Warm-ups alternate; timed trials go links, messages, messages, links, ... so that a
-  // trend (the first operations on a fresh buffer are slower) weighs on both alike.
-  if (c.timed) {
-    c.path = timed_path(trial - 2 * kWarmupsPerPath);
-  } else {
-    c.path = trial % 2 == 0 ? RingPathKind::kLinks : RingPathKind::kMessages;
-  }
+  const int warmups = n * kWarmupsPerPath;
+  c.timed = trial >= warmups;
+  c.path = c.timed ? timed_path(c.size_class, trial - warmups)
+                   : candidates(c.size_class)[static_cast<std::size_t>(trial % n)];
   return c;
 }
 
@@ -43,13 +70,16 @@ bool PathTuner::record(const Choice& choice, double seconds) {
     if (++s.since_decided == s.retune_after) {
       s.decided = false;
       s.trials = 0;
+      s.seconds = {};
       return false;
     }
-    s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kTimed)] = seconds;
-    return s.since_decided % kTimed == 0;
+    s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kWatched)] = seconds;
+    return s.since_decided % kWatched == 0;
   }
-  if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - 2 * kWarmupsPerPath)] = seconds;
-  return ++s.trials == kTrials;
+  const int n = static_cast<int>(candidates(choice.size_class).size());
+  const int warmups = n * kWarmupsPerPath;
+  if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - warmups)] = seconds;
+  return ++s.trials == warmups + n * kTimedPerPath;
 }
 
 PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
@@ -59,38 +89,57 @@ PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
 
 void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
   ClassState& s = classes_[size_class];
+  const std::vector<PathKind> paths = candidates(size_class);
   if (s.decided) {  // a watch window: the median, so one slow operation is not a spell
-    TrialTimes sorted = shortest_over_ranks;
+    std::array<double, kWatched> sorted{};
+    std::copy_n(shortest_over_ranks.begin(), kWatched, sorted.begin());
     std::sort(sorted.begin(), sorted.end());
-    const double median = 0.5 * (sorted[kTimed / 2 - 1] + sorted[kTimed / 2]);
-    const int other = 1 - static_cast<int>(s.path);
-    if (median > kWatchMargin * s.per_operation[other]) {
-      s.decided = false;
-      s.trials = 0;
-      ++watch_retrials_;
+    const double median = 0.5 * (sorted[kWatched / 2 - 1] + sorted[kWatched / 2]);
+    for (PathKind other : paths) {
+      if (other == s.path) continue;
+      if (median > kWatchMargin * s.per_operation[static_cast<std::size_t>(other)]) {
+        s.decided = false;
+        s.trials = 0;
+        s.seconds = {};
+        ++watch_retrials_;
+        return;
+      }
     }
     return;
   }
-  double total[2] = {0.0, 0.0};  // links, messages
-  for (int j = 0; j < kTimed; ++j) {
-    total[static_cast<int>(timed_path(j))] += shortest_over_ranks[static_cast<std::size_t>(j)];
+  std::array<double, kPathKinds> total{};
+  const int n = static_cast<int>(paths.size());
+  for (int j = 0; j < n * kTimedPerPath; ++j) {
+    total[static_cast<std::size_t>(timed_path(size_class, j))] +=
+        shortest_over_ranks[static_cast<std::size_t>(j)];
   }
-  const RingPathKind faster = total[1] < total[0] ? RingPathKind::kMessages : RingPathKind::kLinks;
+  // The fastest; a tie keeps the earlier candidate (the links first).
+  PathKind fastest = paths.front();
+  for (PathKind path : paths) {
+    if (total[static_cast<std::size_t>(path)] < total[static_cast<std::size_t>(fastest)]) {
+      fastest = path;
+    }
+  }
   if (!s.ever_decided) {
     s.retune_after = kRetuneFirst;
-  } else if (faster == s.path) {
+  } else if (fastest == s.path) {
     s.retune_after = std::min(2 * s.retune_after, kRetuneEvery);
   } else {
     s.retune_after = kRetuneSoon;
   }
   s.decided = s.ever_decided = true;
   s.since_decided = 0;
-  s.path = faster;
-  for (int path = 0; path < 2; ++path) s.per_operation[path] = total[path] / kTimedPerPath;
+  s.path = fastest;
+  s.seconds = {};
+  s.per_operation.fill(std::numeric_limits<double>::infinity());  // not a candidate
+  for (PathKind path : paths) {
+    s.per_operation[static_cast<std::size_t>(path)] =
+        total[static_cast<std::size_t>(path)] / kTimedPerPath;
+  }
 }
 
-std::map<std::size_t, RingPathKind> PathTuner::decided() const {
-  std::map<std::size_t, RingPathKind> out;
+std::map<std::size_t, PathKind> PathTuner::decided() const {
+  std::map<std::size_t, PathKind> out;
   for (const auto& [k, state] : classes_) {
     if (state.ever_decided) out[std::size_t{1} << k] = state.path;
   }

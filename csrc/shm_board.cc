@@ -20,7 +20,7 @@ constexpr std::size_t round_up(std::size_t x, std::size_t to) { return (x + to -
 
 // Each counter on lines of its own: its writer is one rank, its readers all the others.
 struct ShmBoard::RankControl {
-  alignas(kPair) std::atomic<std::uint64_t> posted[2][2] = {};  // [slot][stage]: seq + 1
+  alignas(kPair) std::atomic<std::uint64_t> posted[2][2] = {};  // [slot][stage]: round + 1
   alignas(kPair) std::atomic<std::uint64_t> read{0};         // rounds finished reading
   alignas(kPair) BellWord bell;
   // The note, under a sequence lock: odd while being rewritten.
@@ -108,15 +108,15 @@ bool ShmBoard::read_note(int q, void* out) const {
   return true;
 }
 
-void ShmBoard::post(std::uint64_t round, std::uint64_t seq, Stage stage) {
-  control(rank_)->posted[round % 2][static_cast<int>(stage)].store(seq + 1,
+void ShmBoard::post(std::uint64_t round, Stage stage) {
+  control(rank_)->posted[round % 2][static_cast<int>(stage)].store(round + 1,
                                                                   std::memory_order_release);
   ring_everyone();
 }
 
-bool ShmBoard::posted(int q, std::uint64_t round, std::uint64_t seq, Stage stage) const {
+bool ShmBoard::posted(int q, std::uint64_t round, Stage stage) const {
   return control(q)->posted[round % 2][static_cast<int>(stage)].load(
-             std::memory_order_acquire) == seq + 1;
+             std::memory_order_acquire) == round + 1;
 }
 
 void ShmBoard::finish_reading(std::uint64_t rounds) {

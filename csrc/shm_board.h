@@ -4,8 +4,9 @@
 // Each rank has two slots, used by turns (round r in slot r % 2), so a rank may post its
 // next round while others still read this one. A rank writes round r only once every
 // rank has finished reading round r - 2 (read_by), and says its slot holds a stage of
-// operation `seq` by storing seq + 1 in that slot's counter for the stage after the bytes
-// (release), so a reader that sees the counter (acquire) sees the bytes.
+// round r by storing r + 1 in that slot's counter for the stage after the bytes
+// (release), so a reader that sees the counter (acquire) sees the bytes. A round is
+// numbered, not the operation: a staged operation takes several (allreduce/board.h).
 //
 // Besides, every rank announces the header of each operation it starts (whichever
 // algorithm runs it) in a note others may read at any time, so a rank posting to the
@@ -56,11 +57,11 @@ class ShmBoard final : public Doorbell {
   unsigned char* slot(int q, std::uint64_t round) const;
   // What a slot holds of an operation: the rank's data, then its reduced chunk too.
   enum class Stage : int { kData = 0, kReduced = 1 };
-  // Says this rank's slot for `round` holds `stage` of operation `seq`, and rings every
+  // Says this rank's slot for `round` holds `stage` of that round, and rings every
   // sleeper.
-  void post(std::uint64_t round, std::uint64_t seq, Stage stage);
-  // Whether rank `q`'s slot for `round` holds `stage` of operation `seq`.
-  bool posted(int q, std::uint64_t round, std::uint64_t seq, Stage stage) const;
+  void post(std::uint64_t round, Stage stage);
+  // Whether rank `q`'s slot for `round` holds `stage` of that round.
+  bool posted(int q, std::uint64_t round, Stage stage) const;
   // Says this rank has read every slot of rounds [0, rounds), and rings every sleeper.
   void finish_reading(std::uint64_t rounds);
   // How many rounds rank `q` has finished reading.

@@ -54,6 +54,26 @@ void SharedBuffers::close() {
 
 std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::string* why_not) {
   std::lock_guard<std::mutex> lock(allocate_mutex_);
+  auto buffer = map_region(bytes, "buffer", next_id_, why_not);
+  if (buffer == nullptr) return nullptr;
+  ++next_id_;
+  std::lock_guard<std::mutex> live(live_mutex_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    it = it->second.expired() ? live_.erase(it) : std::next(it);
+  }
+  live_[reinterpret_cast<std::uintptr_t>(buffer->mine())] = buffer;
+  return buffer;
+}
+
+std::shared_ptr<SharedBuffer> SharedBuffers::allocate_stage(std::size_t bytes,
+                                                            std::string* why_not) {
+  std::lock_guard<std::mutex> lock(allocate_mutex_);
+  return map_region(bytes, "stage", next_stage_id_++, why_not);
+}
+
+std::shared_ptr<SharedBuffer> SharedBuffers::map_region(std::size_t bytes, const char* kind,
+                                                        std::uint64_t id,
+                                                        std::string* why_not) {
   if (comm_ == MPI_COMM_NULL) throw std::runtime_error("pipesgd engine is shut down");
   // Every rank the same size, or every rank the same error (the smallest and the largest).
   unsigned long long sizes[2] = {bytes, ~static_cast<unsigned long long>(bytes)}, agreed[2];
@@ -66,11 +86,10 @@ std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::st
                                 "same order");
   }
   if (bytes == 0) return nullptr;  // on every rank: nothing to share
-  const std::uint64_t id = next_id_++;
   const std::size_t page = page_bytes();
   const std::size_t stride = (bytes + page - 1) / page * page;
   const std::size_t total = stride * static_cast<std::size_t>(ranks_);
-  const std::string name = shared_region_name(token_, "buffer", static_cast<int>(id));
+  const std::string name = shared_region_name(token_, kind, static_cast<int>(id));
   void* base = nullptr;
   std::size_t mapped = total;
   if (rank_ == 0) base = create_shared_region(name, total, why_not);  // zero-filled
@@ -94,13 +113,7 @@ std::shared_ptr<SharedBuffer> SharedBuffers::allocate(std::size_t bytes, std::st
     if (why_not->empty()) *why_not = "another rank could not map the region";
     return nullptr;
   }
-  auto buffer = std::make_shared<SharedBuffer>(base, mapped, id, rank_, ranks_, bytes, stride);
-  std::lock_guard<std::mutex> live(live_mutex_);
-  for (auto it = live_.begin(); it != live_.end();) {
-    it = it->second.expired() ? live_.erase(it) : std::next(it);
-  }
-  live_[reinterpret_cast<std::uintptr_t>(buffer->mine())] = buffer;
-  return buffer;
+  return std::make_shared<SharedBuffer>(base, mapped, id, rank_, ranks_, bytes, stride);
 }
 
 SharedPlace SharedBuffers::find(const void* data, std::size_t bytes) const {

@@ -65,6 +65,10 @@ class SharedBuffers {
   // nullptr on every rank when `bytes` is 0, or when some rank could not map it
   // (`why_not` set). Throws std::invalid_argument when ranks asked for different sizes.
   std::shared_ptr<SharedBuffer> allocate(std::size_t bytes, std::string* why_not);
+  // Collective like allocate(), for the engine's own use (the staged board's pieces:
+  // allreduce/board.h): numbered apart from the caller's buffers, whose numbers errors
+  // show, and never found by find().
+  std::shared_ptr<SharedBuffer> allocate_stage(std::size_t bytes, std::string* why_not);
   // The allocation whose part for this rank holds [data, data + bytes), if any.
   SharedPlace find(const void* data, std::size_t bytes) const;
   // Frees the duplicated communicator (before MPI_Finalize); allocate() fails after.
@@ -76,6 +80,10 @@ class SharedBuffers {
   int ranks_ = 1;
   std::uint64_t token_ = 0;
   std::uint64_t next_id_ = 0;
+  std::uint64_t next_stage_id_ = 0;
+  // One collective allocation named `kind` and `id`; allocate_mutex_ held.
+  std::shared_ptr<SharedBuffer> map_region(std::size_t bytes, const char* kind, std::uint64_t id,
+                                           std::string* why_not);
   // Held through an allocation's collectives; find() does not wait for them.
   std::mutex allocate_mutex_;
   mutable std::mutex live_mutex_;  // guards live_

@@ -124,8 +124,10 @@ class Engine:
             operations up to this many bytes (the smallest over the ranks) skip the ring:
             each rank posts its data on a shared-memory board, sums its chunk of
             everyone's and copies the others' sums (two waits instead of the ring's
-            2(p - 1)); 0 sends every operation around the ring. Default (None) 256 KiB
-            (`csrc/engine_config.h`).
+            2(p - 1)); larger ones on one node are timed around the ring and staged
+            through the board, and take the faster (`operation_paths`). 0 sends every
+            operation on the caller's arrays around the ring, at any p. Default (None)
+            256 KiB (`csrc/engine_config.h`).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, segment_bytes: int | None = None,
@@ -195,19 +197,19 @@ class Engine:
         return bool(left), bool(right)
 
     @property
-    def large_operation_paths(self) -> dict[int, str]:
-        """How large uncompressed operations travel, per size class decided so far: the
-        class's smallest size in bytes (a power of two, from 4 MiB) and "links" or
-        "messages". With shared-memory links the engine times the first few operations
-        of each class both ways and keeps the faster (docs/engine.md, "Links or
-        messages"); PIPESGD_SHM_LINKS=1 or 0 fixes one way and leaves this empty. Waits
-        for an operation that is running."""
-        return {int(b): "messages" if m else "links"
-                for b, m in self._engine.large_operations_as_messages().items()}
+    def operation_paths(self) -> dict[int, str]:
+        """How uncompressed operations on the caller's arrays travel, per size class
+        decided so far: the class's smallest size in bytes (a power of two, from 64 KiB)
+        and "links", "messages" or "staged". Where every rank shares one node the engine
+        times the first few operations of each class every way and keeps the fastest
+        (docs/engine.md, "Links or messages", "The caller's arrays, staged");
+        PIPESGD_SHM_LINKS=1 or 0 fixes one way and leaves this empty. Waits for an
+        operation that is running."""
+        return {int(b): str(path) for b, path in self._engine.tuned_paths().items()}
 
     @property
     def path_retrials(self) -> int:
-        """How often the watch over a size class's kept path found it behind the other
+        """How often the watch over a size class's kept path found it behind another
         path's last trials and ran the trials again early (csrc/path_tuner.h). Waits for
         an operation that is running."""
         return int(self._engine.path_watch_retrials())

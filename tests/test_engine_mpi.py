@@ -32,7 +32,7 @@ def test_allreduce_over_mpi_messages(np_: int) -> None:
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_large_operations_keep_the_faster_path(np_: int) -> None:
+def test_operations_on_the_callers_arrays_keep_the_fastest_path(np_: int) -> None:
     out = run_mpi(np_, "path_tuning.py", "tuned", timeout=240)
     assert "path_tuning tuned" in out.stdout
 

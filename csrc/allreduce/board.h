@@ -12,6 +12,9 @@
 // no copies, at any size: the slots hold only its header, rank r sums chunk r where the
 // data lies and writes the sums into every rank's part, so each rank reads its buffer's
 // size once and writes it once.
+// A caller's array too large for the board's slots may be staged: copied piece by piece
+// into this rank's part of a shared buffer the engine keeps for it, reduced in place
+// there and copied back (docs/engine.md, "The caller's arrays, staged").
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "comm_context.h"
 #include "operation.h"
 #include "shm_board.h"
+#include "shm_buffers.h"
 
 namespace pipesgd {
 
@@ -31,9 +35,14 @@ void announce_operation(ShmBoard& board, const Operation& op);
 // board.capacity() bytes.
 bool board_takes(const ShmBoard& board, const Operation& op);
 
-// Runs `op` (one the board takes) as the board's `round`-th
-// operation (0, 1, ...: the same on every rank). Throws OpFailure on mismatch, abort or
-// a peer's failure.
-void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t round);
+// Runs `op` (one the board takes) as the board's round `rounds` (0, 1, ...: the same on
+// every rank), and counts it. Throws OpFailure on mismatch, abort or a peer's failure.
+void board_allreduce(CommContext& ctx, ShmBoard& board, Operation& op, std::uint64_t& rounds);
+
+// Runs `op` (uncompressed, in the caller's memory, of any size) through `stage`, a
+// shared buffer of the same size on every rank, one round of the board per part's worth
+// of elements, from round `rounds`, and counts them.
+void staged_board_allreduce(CommContext& ctx, ShmBoard& board, const SharedBuffer& stage,
+                            Operation& op, std::uint64_t& rounds);
 
 }  // namespace pipesgd

@@ -1,6 +1,8 @@
 // The path tuner's decisions, without MPI: which operations are tried on which path,
 // which are timed, and that the agreed per-trial times decide (path_tuner.h).
 #include <algorithm>
+#include <array>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 
@@ -12,14 +14,15 @@ using namespace pipesgd;
 namespace {
 
 constexpr std::size_t kMiB = 1u << 20;
-constexpr RingPathKind L = RingPathKind::kLinks;
-constexpr RingPathKind M = RingPathKind::kMessages;
+constexpr PathKind L = PathKind::kLinks;
+constexpr PathKind M = PathKind::kMessages;
+constexpr PathKind S = PathKind::kStaged;
 
 // Runs a class's trials, each path taking `links_s` / `messages_s` per operation, and
 // returns the trial times this rank would send to the agreement.
 PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
                                  double messages_s) {
-  const RingPathKind order[] = {L, M, L, M, M, L};
+  const PathKind order[] = {L, M, L, M, M, L};
   const bool timed[] = {false, false, true, true, true, true};
   int k = 0;
   for (; k < 6; ++k) {
@@ -31,6 +34,12 @@ PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double lin
     if (last) return tuner.trial_times(c.size_class);
   }
   return {};
+}
+
+int floor_log2_for_test(std::size_t x) {
+  int k = -1;
+  for (; x != 0; x >>= 1) ++k;
+  return k;
 }
 
 }  // namespace
@@ -59,7 +68,7 @@ int main() {
     tuner.decide(22, times);
     const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
     EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
-    EXPECT(!tuner.record(after, 9.0), "a decided class agrees only every kTimed operations");
+    EXPECT(!tuner.record(after, 9.0), "a decided class agrees only every kWatched operations");
     EXPECT(tuner.choose(8 * kMiB, false).path == L, "the 8 MiB class starts its own trials");
     const auto decided = tuner.decided();
     EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
@@ -82,12 +91,12 @@ int main() {
     PathTuner tuner;
     // Runs `n` operations of a decided class, each on `kept` and agreed as fast as the
     // trials found it; run_trials() after it checks that the trials start right then.
-    auto hold = [&](int n, RingPathKind kept, double seconds) {
+    auto hold = [&](int n, PathKind kept, double seconds) {
       for (int i = 1; i <= n; ++i) {
         const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
         EXPECT(c.path == kept && !c.timed, "between trials the decision holds");
         if (tuner.record(c, seconds)) {
-          EXPECT(i % PathTuner::kTimed == 0, "the watch agrees every kTimed operations");
+          EXPECT(i % PathTuner::kWatched == 0, "the watch agrees every kWatched operations");
           tuner.decide(24, {seconds, seconds, seconds, seconds});
         }
       }
@@ -124,12 +133,12 @@ int main() {
     // is not a spell; a window whose median passes kWatchMargin x the messages' 2 sends
     // the class back to its trials at once, well before its period ends.
     tuner.decide(24, run_trials(tuner, 16 * kMiB, 1.0, 2.0));
-    auto watch = [&](double seconds, RingPathKind kept) {
-      for (int i = 0; i < PathTuner::kTimed; ++i) {
+    auto watch = [&](double seconds, PathKind kept) {
+      for (int i = 0; i < PathTuner::kWatched; ++i) {
         const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
         EXPECT(c.path == kept && !c.timed, "watched operations keep the decided path");
         const bool agree = tuner.record(c, seconds);
-        EXPECT(agree == (i == PathTuner::kTimed - 1), "one agreement per kTimed operations");
+        EXPECT(agree == (i == PathTuner::kWatched - 1), "one agreement per kWatched operations");
       }
       return tuner.trial_times(24);
     };
@@ -150,6 +159,49 @@ int main() {
     watch(2.2, M);
     tuner.decide(24, {2.2, 2.3, 2.2, 2.1});
     EXPECT(tuner.watch_retrials() == 1, "messages as fast as in their trials keep them");
+  }
+  {
+    // With a stage, the staged board is a candidate from 64 KiB: below 4 MiB beside the
+    // links alone (warm-ups L S, then L S S L), from 4 MiB beside both ring paths
+    // (warm-ups L M S, then L M S S M L).
+    PathTuner tuner(/*staged=*/true);
+    EXPECT(tuner.choose(64 * 1024 - 1, false).size_class < 0, "below 64 KiB: not tuned");
+    EXPECT(tuner.choose(64 * kMiB, true).size_class < 0, "compressed: not tuned");
+    // Runs a class's trials in `order` (the warm-ups, one per candidate, then the timed
+    // ones), each path taking `seconds[path]`; returns the times to agree on.
+    auto trials = [&](std::size_t bytes, const std::vector<PathKind>& order,
+                      const std::array<double, 3>& seconds) {
+      const std::size_t warmups = order.size() / 3;
+      for (std::size_t k = 0; k < order.size(); ++k) {
+        const PathTuner::Choice c = tuner.choose(bytes, false);
+        EXPECT(c.path == order[k], "the trials take the candidates in order");
+        EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
+        const bool last = tuner.record(c, seconds[static_cast<std::size_t>(c.path)]);
+        EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
+      }
+      return tuner.trial_times(floor_log2_for_test(bytes));
+    };
+    const PathTuner::TrialTimes small = trials(kMiB, {L, S, L, S, S, L}, {2.0, 9.0, 1.0});
+    EXPECT(small[0] == 2.0 && small[1] == 1.0 && small[2] == 1.0 && small[3] == 2.0 &&
+               small[4] == 0.0,
+           "1 MiB: links and staged, timed L S S L");
+    tuner.decide(20, small);
+    EXPECT(tuner.choose(kMiB, false).path == S, "the staged board wins the 1 MiB class");
+    const PathTuner::TrialTimes large =
+        trials(16 * kMiB, {L, M, S, L, M, S, S, M, L}, {3.0, 2.0, 4.0});
+    EXPECT(large[0] == 3.0 && large[1] == 2.0 && large[2] == 4.0 && large[3] == 4.0 &&
+               large[4] == 2.0 && large[5] == 3.0,
+           "16 MiB: three candidates, timed L M S S M L");
+    tuner.decide(24, large);
+    EXPECT(tuner.choose(16 * kMiB, false).path == M, "the messages win the 16 MiB class");
+    const auto decided = tuner.decided();
+    EXPECT(decided.size() == 2 && decided.at(kMiB) == S && decided.at(16 * kMiB) == M,
+           "decided() names both classes");
+    // The watch compares the kept path with every other candidate: a median of 3.8 is
+    // within 1.25 x the staged board's 4 but beyond 1.25 x the links' 3.
+    for (int i = 0; i < PathTuner::kWatched; ++i) tuner.record(tuner.choose(16 * kMiB, false), 1.0);
+    tuner.decide(24, {3.8, 3.8, 3.8, 3.8});
+    EXPECT(tuner.watch_retrials() == 1, "a kept path behind any other one: trials again");
   }
   std::printf("test_path_tuner: %d failures\n", selftest::failures);
   return selftest::failures == 0 ? 0 : 1;

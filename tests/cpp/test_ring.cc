@@ -192,12 +192,13 @@ int main(int argc, char** argv) {
     for (auto& b : bufs) EXPECT(b[0] == want && b.back() == want, "async float64 %g != %g", b[0], want);
     engine.shutdown(-1);
 
-    // Large operations are tried on the links and as messages (path_tuner.h): every one
-    // exact and identical on all ranks, and all ranks keep the same path.
+    // Large operations are tried on the links, as messages and staged on the board
+    // (path_tuner.h): every one exact and identical on all ranks, and all ranks keep the
+    // same path.
     {
       Engine tuned(MPI_COMM_WORLD, 0);
-      for (int i = 0; i < 8; ++i) check_float32(tuned, (5u << 20) / 4, Compression::kNone, rank);
-      const auto decided = tuned.large_operations_as_messages();
+      for (int i = 0; i < 12; ++i) check_float32(tuned, (5u << 20) / 4, Compression::kNone, rank);
+      const auto decided = tuned.tuned_paths();
       if (tuned.uses_shm_links()) {
         EXPECT(decided.size() == 1 && decided.count(4u << 20) == 1, "the 4 MiB class is decided");
       } else {

@@ -1,5 +1,6 @@
-"""Large operations are timed over the shared-memory links and as MPI messages, and keep
-the faster path (csrc/path_tuner.h); results never depend on the path.
+"""Operations on the caller's arrays are timed over the shared-memory links, as MPI
+messages (from 4 MiB) and staged on the board, and keep the fastest path
+(csrc/path_tuner.h); results never depend on the path.
 
 Every operation, on trial or decided, must equal MPI's own Allreduce exactly (integer
 values keep every partial sum exact) and be bitwise identical on every rank; all ranks
@@ -20,24 +21,31 @@ mode = sys.argv[1]
 engine = pipesgd.Engine(comm)
 assert engine.shm_links, "this test is about ranks that share a node"
 
-SIZES = [5 << 20, 9 << 20, 1 << 20]  # two tuned classes (4 and 8 MiB), one small
-for nbytes in SIZES:
-    for i in range(12):  # six trials, then a watch window of four (path_tuner.h)
+# Three tuned classes (4, 8 and 1 MiB; 5 MiB + 28 bytes leaves the staged board a last
+# piece shorter than the rest), one too small; float64 averages of an odd length.
+SIZES = [((5 << 20) + 28, np.float32, "sum"), (9 << 20, np.float32, "sum"),
+         (1 << 20, np.float32, "sum"), (1 << 14, np.float32, "sum"),
+         (8 * 300_001, np.float64, "average")]
+for nbytes, dtype, op in SIZES:
+    for i in range(13):  # up to nine trials, then a watch window of four (path_tuner.h)
         rng = np.random.default_rng(1000 * comm.rank + i)
-        a = rng.integers(-50, 50, nbytes // 4).astype(np.float32)
+        a = rng.integers(-50, 50, nbytes // np.dtype(dtype).itemsize).astype(dtype)
         expect = np.empty_like(a)
         comm.Allreduce(a, expect, op=MPI.SUM)
-        engine.allreduce(a, op="sum")
+        if op == "average":
+            expect /= comm.size
+        engine.allreduce(a, op=op)
         assert np.array_equal(a, expect), f"{nbytes} bytes, operation {i}: differs from MPI"
         assert len(set(comm.allgather(hashlib.sha256(a.tobytes()).hexdigest()))) == 1, (
             f"{nbytes} bytes, operation {i}: ranks differ")
     # Compressed operations keep to the links and are never tried as messages.
     engine.allreduce(np.ones(nbytes // 4, np.float32), compression="quant8")
 
-paths = engine.large_operation_paths
+paths = engine.operation_paths
 if mode == "tuned":
-    assert set(paths) == {4 << 20, 8 << 20}, paths
-    assert set(paths.values()) <= {"links", "messages"}, paths
+    assert set(paths) == {1 << 20, 2 << 20, 4 << 20, 8 << 20}, paths
+    assert set(paths.values()) <= {"links", "messages", "staged"}, paths
+    assert paths[1 << 20] != "messages", "messages are not tried below 4 MiB"
 else:  # PIPESGD_SHM_LINKS=1: one path for every size
     assert paths == {}, paths
 assert len(set(map(str, comm.allgather(sorted(paths.items()))))) == 1, "ranks chose differently"
