@@ -1,6 +1,7 @@
 #include "path_tuner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace pipesgd {
@@ -74,12 +75,18 @@ bool PathTuner::record(const Choice& choice, double seconds) {
       return false;
     }
     s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kWatched)] = seconds;
-    return s.since_decided % kWatched == 0;
+    return s.since_decided % watch_window(s) == 0;
   }
   const int n = static_cast<int>(candidates(choice.size_class).size());
   const int warmups = n * kWarmupsPerPath;
   if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - warmups)] = seconds;
   return ++s.trials == warmups + n * kTimedPerPath;
+}
+
+int PathTuner::watch_window(const ClassState& s) {
+  const double per_operation = s.per_operation[static_cast<std::size_t>(s.path)];
+  if (!(per_operation > 0.0)) return kWatched;
+  return std::max(kWatched, static_cast<int>(std::ceil(kWatchSeconds / per_operation)));
 }
 
 PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {

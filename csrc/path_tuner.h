@@ -36,10 +36,12 @@
 // confirm for twice as long as the last, up to kRetuneEvery: the trials' operations on
 // slower paths cost well under 1 % at that period.
 //
-// Between trials the class watches the path it kept: every kWatched operations the ranks
-// agree on each one's shortest time, as for a trial, and when their median is more than
-// kWatchMargin times another path's time in the last trials, the trials run again at
-// once. On a 2-core VM the links ran 3-5x slower for tens of operations at a time
+// Between trials the class watches the path it kept: at the end of each window the ranks
+// agree on the shortest time of each of its last kWatched operations, as for a trial,
+// and when their median is more than kWatchMargin times another path's time in the
+// last trials, the trials run again at once. A window is kWatched operations, or as
+// many as take kWatchSeconds on the kept path: an agreement costs tens of microseconds,
+// a sixth of a 64 KiB operation, so small classes agree less often. On a 2-core VM the links ran 3-5x slower for tens of operations at a time
 // (spells in which MPI's messages slowed by a fifth), and waiting out kRetuneEvery
 // operations kept them there; the spell over, kRetuneSoon brings them back.
 // Everything else (small, compressed) takes the links.
@@ -63,7 +65,8 @@ class PathTuner {
   static constexpr std::size_t kMessagesFromBytes = 4u << 20;
   static constexpr int kWarmupsPerPath = 1;
   static constexpr int kTimedPerPath = 2;  // the order a b c c b a needs two
-  static constexpr int kWatched = 4;        // operations per watch window
+  static constexpr int kWatched = 4;        // operations judged per watch window
+  static constexpr double kWatchSeconds = 2e-3;  // a watch window lasts at least this
   static constexpr int kRetuneSoon = 16;    // operations between trials after a change
   static constexpr int kRetuneFirst = 64;   // after a class's first trials
   static constexpr int kRetuneEvery = 256;  // at the most
@@ -117,6 +120,9 @@ class PathTuner {
     PathKind path = PathKind::kLinks;
     std::array<double, kPathKinds> per_operation{};  // each candidate's mean trial time
   };
+  // Operations per watch window of a decided class (the same on every rank: the agreed
+  // trial times decide it).
+  static int watch_window(const ClassState& s);
   // The path of timed trial j among `n` candidates: a b c c b a.
   PathKind timed_path(int size_class, int j) const;
   bool staged_;

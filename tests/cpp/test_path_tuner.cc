@@ -203,6 +203,27 @@ int main() {
     tuner.decide(24, {3.8, 3.8, 3.8, 3.8});
     EXPECT(tuner.watch_retrials() == 1, "a kept path behind any other one: trials again");
   }
+  {
+    // A class whose operations take 0.1 ms agrees once per kWatchSeconds' worth of them
+    // (20 operations), judging the last kWatched.
+    PathTuner tuner(/*staged=*/true);
+    for (int k = 0; k < 6; ++k) {
+      const PathTuner::Choice c = tuner.choose(kMiB, false);
+      tuner.record(c, c.path == S ? 1e-4 : 2e-4);
+    }
+    tuner.decide(20, tuner.trial_times(20));
+    EXPECT(tuner.choose(kMiB, false).path == S, "the staged board kept");
+    int agreed_at = 0;
+    for (int i = 1; i <= 40 && agreed_at == 0; ++i) {
+      if (tuner.record(tuner.choose(kMiB, false), i > 16 ? 5e-4 : 1e-4)) agreed_at = i;
+    }
+    EXPECT(agreed_at == 20, "the window is 2 ms of 0.1 ms operations");
+    const PathTuner::TrialTimes last = tuner.trial_times(20);
+    EXPECT(last[0] == 5e-4 && last[1] == 5e-4 && last[2] == 5e-4 && last[3] == 5e-4,
+           "the window's last four operations are judged");
+    tuner.decide(20, last);
+    EXPECT(tuner.watch_retrials() == 1, "slower than the links' 0.2 ms: trials again");
+  }
   std::printf("test_path_tuner: %d failures\n", selftest::failures);
   return selftest::failures == 0 ? 0 : 1;
 }
