@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "allreduce/board.h"
@@ -115,8 +114,8 @@ Engine::Engine(MPI_Comm comm, const EngineOptions& options) : config_(resolve_co
     }
   }
   config_.board_bytes = board_ ? board_->capacity() : 0;
-  // Large operations on one node take whichever of links and MPI messages was faster
-  // (path_tuner.h); a ring across nodes keeps its links.
+  // The caller's arrays on one node take whichever path ran them fastest (path_tuner.h);
+  // a ring across nodes keeps its links.
   tune_paths_ = links_ != nullptr && config_.shm_links < 0 && all_edges_linked;
   // With a board, the caller's arrays may also be staged through a buffer every rank
   // maps (allreduce/board.h); the tuner times that path beside the ring's.
@@ -323,7 +322,7 @@ void Engine::agree_on_path_times(int size_class, Operation& op) {
   PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kMaxTimed, MPI_DOUBLE,
                                MPI_MIN, ctx_->comm(), &req),
                 -1);
-  ctx_->wait(req, op, left, "agreeing with every rank on the faster path", false);
+  ctx_->wait(req, op, left, "agreeing with every rank on the fastest path", false);
   tuner_.decide(size_class, shortest);
 }
 

@@ -106,6 +106,17 @@ def _sends_alone(comm: Any, peer: int, nbytes: int, sender: bool, wait_s: float)
     return bool(alone)
 
 
+def _sends_alone_twice_checked(comm: Any, peer: int, nbytes: int, sender: bool,
+                               wait_s: float) -> bool:
+    """`_sends_alone`, asked again when it says no: a sender descheduled for `wait_s`
+    (ranks sharing cores) reads as a message that waits, and twice in a row it hardly
+    happens. Both ranks get the same answers, so they ask alike. For the doubling, whose
+    first no ends it (a false no at the smallest size would leave no eager limit at
+    all); a false no in the bisection only lowers the limit a little."""
+    return (_sends_alone(comm, peer, nbytes, sender, wait_s)
+            or _sends_alone(comm, peer, nbytes, sender, wait_s))
+
+
 def eager_limit(comm: Any, peer: int, sender: bool, *, smallest: int = 256,
                 largest: int = 1 << 20, resolution: int = 64, tries: int = 1,
                 wait_s: float = _EAGER_WAIT_S) -> int:
@@ -117,7 +128,7 @@ def eager_limit(comm: Any, peer: int, sender: bool, *, smallest: int = 256,
     # The first message between two ranks waits for their connection (60 ms over TCP)
     comm.sendrecv(None, dest=peer, sendtag=_EAGER_TAG + 2, source=peer, recvtag=_EAGER_TAG + 2)
     size, ok = smallest, 0
-    while size <= largest and all(_sends_alone(comm, peer, size, sender, wait_s)
+    while size <= largest and all(_sends_alone_twice_checked(comm, peer, size, sender, wait_s)
                                   for _ in range(tries)):
         ok, size = size, size * 2
     if size > largest:
@@ -125,7 +136,7 @@ def eager_limit(comm: Any, peer: int, sender: bool, *, smallest: int = 256,
     failed = size
     while failed - ok > resolution:
         mid = (ok + failed) // 2
-        if _sends_alone(comm, peer, mid, sender, wait_s):
+        if _sends_alone(comm, peer, mid, sender, wait_s):  # a false no costs a little
             ok = mid
         else:
             failed = mid
