@@ -61,8 +61,8 @@ struct EngineConfig {
   // Between ranks that share a node, send segments through shared-memory inboxes
   // (shm_links.h) instead of MPI messages. 1: always, even where Open MPI is kept off
   // shared memory (OMPI_MCA_btl); 0: never (MPI messages, Open MPI's CMA); unset (-1):
-  // the links, and on a ring within one node large operations whichever way was
-  // faster on the first of their size (path_tuner.h).
+  // the links, and on a ring within one node the caller's arrays whichever way ran the
+  // first of their size fastest: links, messages or staged on the board (path_tuner.h).
   int shm_links = -1;
   // A stall warning is printed when one operation waits longer than this.
   double stall_seconds = 60.0;
