@@ -125,7 +125,7 @@ class Engine:
             each rank posts its data on a shared-memory board, sums its chunk of
             everyone's and copies the others' sums (two waits instead of the ring's
             2(p - 1)); larger ones on one node are timed around the ring and staged
-            through the board, and take the faster (`operation_paths`). 0 sends every
+            through the board, and take the fastest (`operation_paths`). 0 sends every
             operation on the caller's arrays around the ring, at any p. Default (None)
             256 KiB (`csrc/engine_config.h`).
     """
