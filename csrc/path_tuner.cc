@@ -27,17 +27,20 @@ const char* path_name(PathKind path) {
   return "?";
 }
 
-std::vector<PathKind> PathTuner::candidates(int size_class) const {
-  std::vector<PathKind> out{PathKind::kLinks};
-  if ((std::size_t{1} << size_class) >= kMessagesFromBytes) out.push_back(PathKind::kMessages);
-  if (staged_) out.push_back(PathKind::kStaged);
+PathTuner::Candidates PathTuner::candidates(int size_class) const {
+  Candidates out;
+  out.paths[static_cast<std::size_t>(out.n++)] = PathKind::kLinks;
+  if ((std::size_t{1} << size_class) >= kMessagesFromBytes) {
+    out.paths[static_cast<std::size_t>(out.n++)] = PathKind::kMessages;
+  }
+  if (staged_) out.paths[static_cast<std::size_t>(out.n++)] = PathKind::kStaged;
   return out;
 }
 
 PathKind PathTuner::timed_path(int size_class, int j) const {
-  const std::vector<PathKind> c = candidates(size_class);
-  const int n = static_cast<int>(c.size());
-  return c[static_cast<std::size_t>(j < n ? j : 2 * n - 1 - j)];
+  const Candidates c = candidates(size_class);
+  const int n = c.size();
+  return c[j < n ? j : 2 * n - 1 - j];
 }
 
 PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
@@ -45,21 +48,21 @@ PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
   // The links carry compressed data in a quarter or half of the bytes, where they win.
   if (compressed || bytes < kTunedFromBytes) return c;
   c.size_class = floor_log2(bytes);
-  const int n = static_cast<int>(candidates(c.size_class).size());
-  if (n < 2) {  // nothing to choose between
-    c.size_class = -1;
-    return c;
-  }
   const auto it = classes_.find(c.size_class);
-  const int trial = it == classes_.end() ? 0 : it->second.trials;
   if (it != classes_.end() && it->second.decided) {
     c.path = it->second.path;
     return c;
   }
+  const Candidates paths = candidates(c.size_class);
+  const int n = paths.size();
+  if (n < 2) {  // nothing to choose between
+    c.size_class = -1;
+    return c;
+  }
+  const int trial = it == classes_.end() ? 0 : it->second.trials;
   const int warmups = n * kWarmupsPerPath;
   c.timed = trial >= warmups;
-  c.path = c.timed ? timed_path(c.size_class, trial - warmups)
-                   : candidates(c.size_class)[static_cast<std::size_t>(trial % n)];
+  c.path = c.timed ? timed_path(c.size_class, trial - warmups) : paths[trial % n];
   return c;
 }
 
@@ -75,9 +78,9 @@ bool PathTuner::record(const Choice& choice, double seconds) {
       return false;
     }
     s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kWatched)] = seconds;
-    return s.since_decided % watch_window(s) == 0;
+    return s.since_decided % s.watch_every == 0;
   }
-  const int n = static_cast<int>(candidates(choice.size_class).size());
+  const int n = candidates(choice.size_class).size();
   const int warmups = n * kWarmupsPerPath;
   if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - warmups)] = seconds;
   return ++s.trials == warmups + n * kTimedPerPath;
@@ -96,7 +99,7 @@ PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
 
 void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
   ClassState& s = classes_[size_class];
-  const std::vector<PathKind> paths = candidates(size_class);
+  const Candidates paths = candidates(size_class);
   if (s.decided) {  // a watch window: the median, so one slow operation is not a spell
     std::array<double, kWatched> sorted{};
     std::copy_n(shortest_over_ranks.begin(), kWatched, sorted.begin());
@@ -115,13 +118,13 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
     return;
   }
   std::array<double, kPathKinds> total{};
-  const int n = static_cast<int>(paths.size());
+  const int n = paths.size();
   for (int j = 0; j < n * kTimedPerPath; ++j) {
     total[static_cast<std::size_t>(timed_path(size_class, j))] +=
         shortest_over_ranks[static_cast<std::size_t>(j)];
   }
   // The fastest; a tie keeps the earlier candidate (the links first).
-  PathKind fastest = paths.front();
+  PathKind fastest = paths[0];
   for (PathKind path : paths) {
     if (total[static_cast<std::size_t>(path)] < total[static_cast<std::size_t>(fastest)]) {
       fastest = path;
@@ -143,6 +146,7 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
     s.per_operation[static_cast<std::size_t>(path)] =
         total[static_cast<std::size_t>(path)] / kTimedPerPath;
   }
+  s.watch_every = watch_window(s);
 }
 
 std::map<std::size_t, PathKind> PathTuner::decided() const {

@@ -50,7 +50,6 @@
 #include <array>
 #include <cstddef>
 #include <map>
-#include <vector>
 
 namespace pipesgd {
 
@@ -87,8 +86,17 @@ class PathTuner {
   // The path for an operation of `bytes` (before compression). Every rank asks with the
   // same operations in the same order and gets the same answers.
   Choice choose(std::size_t bytes, bool compressed) const;
-  // The paths a class's trials try, in their timed order's first half.
-  std::vector<PathKind> candidates(int size_class) const;
+  // The paths a class's trials try, in their timed order's first half; held in place,
+  // not allocated, as choose() runs on every operation.
+  struct Candidates {
+    std::array<PathKind, kPathKinds> paths{};
+    int n = 0;
+    const PathKind* begin() const { return paths.data(); }
+    const PathKind* end() const { return paths.data() + n; }
+    int size() const { return n; }
+    PathKind operator[](int i) const { return paths[static_cast<std::size_t>(i)]; }
+  };
+  Candidates candidates(int size_class) const;
 
   // Counts the operation choose() was asked for, with its seconds on this rank (every
   // operation of a tuned class is timed: trials and the watch). Returns true when the
@@ -119,6 +127,7 @@ class PathTuner {
     int retune_after = kRetuneFirst;  // operations from this decision to the next trials
     PathKind path = PathKind::kLinks;
     std::array<double, kPathKinds> per_operation{};  // each candidate's mean trial time
+    int watch_every = kWatched;  // operations per watch window (watch_window, at decide())
   };
   // Operations per watch window of a decided class (the same on every rank: the agreed
   // trial times decide it).

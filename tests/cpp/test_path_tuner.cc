@@ -36,12 +36,6 @@ PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double lin
   return {};
 }
 
-int floor_log2_for_test(std::size_t x) {
-  int k = -1;
-  for (; x != 0; x >>= 1) ++k;
-  return k;
-}
-
 }  // namespace
 
 int main() {
@@ -172,14 +166,16 @@ int main() {
     auto trials = [&](std::size_t bytes, const std::vector<PathKind>& order,
                       const std::array<double, 3>& seconds) {
       const std::size_t warmups = order.size() / 3;
+      int size_class = -1;
       for (std::size_t k = 0; k < order.size(); ++k) {
         const PathTuner::Choice c = tuner.choose(bytes, false);
+        size_class = c.size_class;
         EXPECT(c.path == order[k], "the trials take the candidates in order");
         EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
         const bool last = tuner.record(c, seconds[static_cast<std::size_t>(c.path)]);
         EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
       }
-      return tuner.trial_times(floor_log2_for_test(bytes));
+      return tuner.trial_times(size_class);
     };
     const PathTuner::TrialTimes small = trials(kMiB, {L, S, L, S, S, L}, {2.0, 9.0, 1.0});
     EXPECT(small[0] == 2.0 && small[1] == 1.0 && small[2] == 1.0 && small[3] == 2.0 &&
