@@ -308,22 +308,27 @@ void Engine::run_on_tuned_path(Operation& op) {
     ring_allreduce(*ctx_, workspace_, op,
                    choice.path == PathKind::kMessages ? message_path_ : link_path_);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (tuner_.record(choice, seconds)) agree_class_ = choice.size_class;
+  // steady_clock is CLOCK_MONOTONIC, one clock for every process of the node: the
+  // agreement compares the ranks' marks (path_tuner.h).
+  const auto seconds = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  if (tuner_.record(choice, seconds(start), seconds(std::chrono::steady_clock::now()))) {
+    agree_class_ = choice.size_class;
+  }
 }
 
 void Engine::agree_on_path_times(int size_class, Operation& op) {
-  // Each trial or watched operation at its shortest over the ranks: the last rank to
-  // arrive did not wait for the others (path_tuner.h). Every rank decides alike.
-  PathTuner::TrialTimes mine = tuner_.trial_times(size_class), shortest{};
+  // Each trial or watched operation from the last rank's start to the last rank's end
+  // (path_tuner.h). Every rank decides alike.
+  PathTuner::TrialMarks mine = tuner_.trial_marks(size_class), latest{};
   MPI_Request req = MPI_REQUEST_NULL;
   const int left = (rank_ + size_ - 1) % size_;
-  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), shortest.data(), PathTuner::kMaxTimed, MPI_DOUBLE,
-                               MPI_MIN, ctx_->comm(), &req),
+  PSG_MPI_CHECK(MPI_Iallreduce(mine.data(), latest.data(), static_cast<int>(mine.size()),
+                               MPI_DOUBLE, MPI_MAX, ctx_->comm(), &req),
                 -1);
   ctx_->wait(req, op, left, "agreeing with every rank on the fastest path", false);
-  tuner_.decide(size_class, shortest);
+  tuner_.decide(size_class, PathTuner::seconds_between(latest));
 }
 
 void Engine::comm_thread_main() {

@@ -60,29 +60,34 @@ PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
     return c;
   }
   const int trial = it == classes_.end() ? 0 : it->second.trials;
-  const int warmups = n * kWarmupsPerPath;
+  const bool warm = it != classes_.end() && it->second.ever_decided;  // tried before
+  const int warmups = warm ? 0 : n * kWarmupsPerPath;
   c.timed = trial >= warmups;
   c.path = c.timed ? timed_path(c.size_class, trial - warmups) : paths[trial % n];
   return c;
 }
 
-bool PathTuner::record(const Choice& choice, double seconds) {
+bool PathTuner::record(const Choice& choice, double start_s, double end_s) {
   if (choice.size_class < 0) return false;
   ClassState& s = classes_[choice.size_class];
+  const auto mark = [&s, start_s, end_s](int slot) {
+    s.marks[static_cast<std::size_t>(slot)] = start_s;
+    s.marks[static_cast<std::size_t>(kMaxTimed + slot)] = end_s;
+  };
   if (s.decided) {
     // Every rank counts the same operations, so all agree on the same ones.
     if (++s.since_decided == s.retune_after) {
       s.decided = false;
       s.trials = 0;
-      s.seconds = {};
+      s.marks = {};
       return false;
     }
-    s.seconds[static_cast<std::size_t>((s.since_decided - 1) % kWatched)] = seconds;
+    mark((s.since_decided - 1) % kWatched);
     return s.since_decided % s.watch_every == 0;
   }
   const int n = candidates(choice.size_class).size();
-  const int warmups = n * kWarmupsPerPath;
-  if (choice.timed) s.seconds[static_cast<std::size_t>(s.trials - warmups)] = seconds;
+  const int warmups = s.ever_decided ? 0 : n * kWarmupsPerPath;
+  if (choice.timed) mark(s.trials - warmups);
   return ++s.trials == warmups + n * kTimedPerPath;
 }
 
@@ -92,9 +97,15 @@ int PathTuner::watch_window(const ClassState& s) {
   return std::max(kWatched, static_cast<int>(std::ceil(kWatchSeconds / per_operation)));
 }
 
-PathTuner::TrialTimes PathTuner::trial_times(int size_class) const {
+PathTuner::TrialMarks PathTuner::trial_marks(int size_class) const {
   const auto it = classes_.find(size_class);
-  return it == classes_.end() ? TrialTimes{} : it->second.seconds;
+  return it == classes_.end() ? TrialMarks{} : it->second.marks;
+}
+
+PathTuner::TrialTimes PathTuner::seconds_between(const TrialMarks& latest) {
+  TrialTimes out{};
+  for (std::size_t j = 0; j < out.size(); ++j) out[j] = latest[kMaxTimed + j] - latest[j];
+  return out;
 }
 
 void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
@@ -110,7 +121,7 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
       if (median > kWatchMargin * s.per_operation[static_cast<std::size_t>(other)]) {
         s.decided = false;
         s.trials = 0;
-        s.seconds = {};
+        s.marks = {};
         ++watch_retrials_;
         return;
       }
@@ -140,7 +151,7 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
   s.decided = s.ever_decided = true;
   s.since_decided = 0;
   s.path = fastest;
-  s.seconds = {};
+  s.marks = {};
   s.per_operation.fill(std::numeric_limits<double>::infinity());  // not a candidate
   for (PathKind path : paths) {
     s.per_operation[static_cast<std::size_t>(path)] =

@@ -22,13 +22,16 @@
 //
 // Per size class (operations of [2^k, 2^(k+1)) bytes from kTunedFromBytes, uncompressed),
 // the candidates are the links and, where the engine has a stage, the staged board;
-// from kMessagesFromBytes MPI's messages too. The first kWarmupsPerPath operations on
-// each candidate are not timed; the next kTimedPerPath on each are, in the order
-// a b c c b a (a b b a for two), so that a trend over the first runs of a fresh buffer
-// weighs on every candidate alike. Each timed operation counts at its shortest over the
-// ranks: ranks reach an operation at different times (compute skew in a training loop),
-// the early ones wait for the late one, and the last to arrive measures the transfer
-// alone. The per-path sums of those decide, alike on every rank, and the class keeps
+// from kMessagesFromBytes MPI's messages too. A class's first trials start with
+// kWarmupsPerPath untimed operations on each candidate (later trials find the paths
+// warm); then kTimedPerPath on each are timed, in the order a b c c b a (a b b a for
+// two), so that a trend over the first runs of a fresh buffer weighs on every candidate
+// alike. Each timed operation counts from the last rank's start to the last rank's end,
+// on the one monotonic clock the node's ranks share: ranks reach an operation at
+// different times (compute skew in a training loop) and the early ones wait for the late
+// one, which no path shortens; and the operation is over for the job when its last rank
+// is done, which on the staged board is a copy-back after the first.
+// The per-path sums of those decide, alike on every rank, and the class keeps
 // the fastest path for a while, then runs its trials again: which path is fastest can
 // change under a running process, and a decision taken in one state would otherwise
 // hold in the other for the rest of a job. A class's first decision holds for
@@ -37,7 +40,7 @@
 // slower paths cost well under 1 % at that period.
 //
 // Between trials the class watches the path it kept: at the end of each window the ranks
-// agree on the shortest time of each of its last kWatched operations, as for a trial,
+// agree on the time of each of its last kWatched operations, as for a trial,
 // and when their median is more than kWatchMargin times another path's time in the
 // last trials, the trials run again at once. A window is kWatched operations, or as
 // many as take kWatchSeconds on the kept path: an agreement costs tens of microseconds,
@@ -98,15 +101,22 @@ class PathTuner {
   };
   Candidates candidates(int size_class) const;
 
-  // Counts the operation choose() was asked for, with its seconds on this rank (every
-  // operation of a tuned class is timed: trials and the watch). Returns true when the
-  // class has times to agree on, after all its trials or a watch window: the caller
-  // then takes each one's shortest time over the ranks (trial_times(), an allreduce
-  // with MIN) and calls decide() with them.
-  bool record(const Choice& choice, double seconds);
-  // This rank's seconds of a class's timed trials or watched operations, in order
-  // (unused entries 0).
-  TrialTimes trial_times(int size_class) const;
+  // Each timed operation's start (the first kMaxTimed entries) and end (the rest), in
+  // seconds on the node's monotonic clock.
+  using TrialMarks = std::array<double, 2 * kMaxTimed>;
+
+  // Counts the operation choose() was asked for, with when it started and ended on this
+  // rank (every operation of a tuned class is timed: trials and the watch). Returns true
+  // when the class has times to agree on, after all its trials or a watch window: the
+  // caller then takes each mark at its latest over the ranks (trial_marks(), an
+  // allreduce with MAX) and calls decide() with seconds_between() of them.
+  bool record(const Choice& choice, double start_s, double end_s);
+  // This rank's marks of a class's timed trials or watched operations, in order (unused
+  // entries 0).
+  TrialMarks trial_marks(int size_class) const;
+  // Each operation's seconds from the last rank's start to the last rank's end, from the
+  // marks at their latest over the ranks.
+  static TrialTimes seconds_between(const TrialMarks& latest);
   // After trials: keeps the fastest path. After a watch window: starts the trials again
   // if the kept path has fallen behind another one's last trial times.
   void decide(int size_class, const TrialTimes& shortest_over_ranks);
@@ -120,7 +130,7 @@ class PathTuner {
  private:
   struct ClassState {
     int trials = 0;  // operations of the current trials counted so far
-    TrialTimes seconds{};
+    TrialMarks marks{};
     bool decided = false;       // the class is between trials
     bool ever_decided = false;  // `path` holds a decision
     int since_decided = 0;      // operations since the last decision

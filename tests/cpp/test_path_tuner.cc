@@ -18,20 +18,30 @@ constexpr PathKind L = PathKind::kLinks;
 constexpr PathKind M = PathKind::kMessages;
 constexpr PathKind S = PathKind::kStaged;
 
+// What the agreement hands back where this rank is the only one: its own marks are the
+// latest, and each operation starts at 0.
+PathTuner::TrialTimes own_times(const PathTuner& tuner, int size_class) {
+  return PathTuner::seconds_between(tuner.trial_marks(size_class));
+}
+
 // Runs a class's trials, each path taking `links_s` / `messages_s` per operation, and
-// returns the trial times this rank would send to the agreement.
+// returns the trial times this rank would send to the agreement. A class's first trials
+// warm each path up untimed; later ones find them warm.
 PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
                                  double messages_s) {
-  const PathKind order[] = {L, M, L, M, M, L};
-  const bool timed[] = {false, false, true, true, true, true};
-  int k = 0;
-  for (; k < 6; ++k) {
+  std::size_t size_class = 1;
+  while (2 * size_class <= bytes) size_class *= 2;
+  const bool first = tuner.decided().count(size_class) == 0;
+  const std::vector<PathKind> order =
+      first ? std::vector<PathKind>{L, M, L, M, M, L} : std::vector<PathKind>{L, M, M, L};
+  const std::size_t warmups = first ? 2 : 0;
+  for (std::size_t k = 0; k < order.size(); ++k) {
     const PathTuner::Choice c = tuner.choose(bytes, false);
-    EXPECT(c.path == order[k], "trial order is warm-ups L M, then L M M L");
-    EXPECT(c.timed == timed[k], "warm-ups are not timed");
-    const bool last = tuner.record(c, c.path == L ? links_s : messages_s);
-    EXPECT(last == (k == 5), "the class is complete after its sixth trial");
-    if (last) return tuner.trial_times(c.size_class);
+    EXPECT(c.path == order[k], "trial order: warm-ups L M on the first trials, then L M M L");
+    EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
+    const bool last = tuner.record(c, 0.0, c.path == L ? links_s : messages_s);
+    EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
+    if (last) return own_times(tuner, c.size_class);
   }
   return {};
 }
@@ -45,10 +55,10 @@ int main() {
     for (int i = 0; i < 10; ++i) {
       const PathTuner::Choice small = tuner.choose(4 * kMiB - 1, false);
       EXPECT(small.path == L && small.size_class < 0 && !small.timed, "small: links");
-      EXPECT(!tuner.record(small, 1.0), "small operations are not counted");
+      EXPECT(!tuner.record(small, 0.0, 1.0), "small operations are not counted");
       const PathTuner::Choice packed = tuner.choose(64 * kMiB, true);
       EXPECT(packed.path == L && packed.size_class < 0, "compressed: links");
-      tuner.record(packed, 1.0);
+      tuner.record(packed, 0.0, 1.0);
     }
     EXPECT(tuner.decided().empty(), "nothing decided");
   }
@@ -62,7 +72,8 @@ int main() {
     tuner.decide(22, times);
     const PathTuner::Choice after = tuner.choose(8 * kMiB - 1, false);
     EXPECT(after.path == M && !after.timed, "the 4 MiB class keeps the messages");
-    EXPECT(!tuner.record(after, 9.0), "a decided class agrees only every kWatched operations");
+    EXPECT(!tuner.record(after, 0.0, 9.0),
+           "a decided class agrees only every kWatched operations");
     EXPECT(tuner.choose(8 * kMiB, false).path == L, "the 8 MiB class starts its own trials");
     const auto decided = tuner.decided();
     EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
@@ -70,8 +81,8 @@ int main() {
   }
   {
     PathTuner tuner;
-    // This rank found the messages faster, but the shortest times over the ranks (what
-    // the agreement hands every rank) decide: links 1 + 1.5, messages 2 + 2.
+    // This rank found the messages faster, but the times over the ranks (what the
+    // agreement hands every rank) decide: links 1 + 1.5, messages 2 + 2.
     run_trials(tuner, 16 * kMiB, 2.0, 1.0);
     tuner.decide(24, {1.0, 2.0, 2.0, 1.5});
     EXPECT(tuner.choose(16 * kMiB, false).path == L, "the agreed times decide");
@@ -89,7 +100,7 @@ int main() {
       for (int i = 1; i <= n; ++i) {
         const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
         EXPECT(c.path == kept && !c.timed, "between trials the decision holds");
-        if (tuner.record(c, seconds)) {
+        if (tuner.record(c, 0.0, seconds)) {
           EXPECT(i % PathTuner::kWatched == 0, "the watch agrees every kWatched operations");
           tuner.decide(24, {seconds, seconds, seconds, seconds});
         }
@@ -131,10 +142,10 @@ int main() {
       for (int i = 0; i < PathTuner::kWatched; ++i) {
         const PathTuner::Choice c = tuner.choose(16 * kMiB, false);
         EXPECT(c.path == kept && !c.timed, "watched operations keep the decided path");
-        const bool agree = tuner.record(c, seconds);
+        const bool agree = tuner.record(c, 0.0, seconds);
         EXPECT(agree == (i == PathTuner::kWatched - 1), "one agreement per kWatched operations");
       }
-      return tuner.trial_times(24);
+      return own_times(tuner, 24);
     };
     EXPECT(watch(1.0, L)[0] == 1.0, "the watched times are this rank's");
     tuner.decide(24, {1.0, 9.0, 1.1, 1.0});
@@ -172,10 +183,10 @@ int main() {
         size_class = c.size_class;
         EXPECT(c.path == order[k], "the trials take the candidates in order");
         EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
-        const bool last = tuner.record(c, seconds[static_cast<std::size_t>(c.path)]);
+        const bool last = tuner.record(c, 0.0, seconds[static_cast<std::size_t>(c.path)]);
         EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
       }
-      return tuner.trial_times(size_class);
+      return own_times(tuner, size_class);
     };
     const PathTuner::TrialTimes small = trials(kMiB, {L, S, L, S, S, L}, {2.0, 9.0, 1.0});
     EXPECT(small[0] == 2.0 && small[1] == 1.0 && small[2] == 1.0 && small[3] == 2.0 &&
@@ -195,7 +206,9 @@ int main() {
            "decided() names both classes");
     // The watch compares the kept path with every other candidate: a median of 3.8 is
     // within 1.25 x the staged board's 4 but beyond 1.25 x the links' 3.
-    for (int i = 0; i < PathTuner::kWatched; ++i) tuner.record(tuner.choose(16 * kMiB, false), 1.0);
+    for (int i = 0; i < PathTuner::kWatched; ++i) {
+      tuner.record(tuner.choose(16 * kMiB, false), 0.0, 1.0);
+    }
     tuner.decide(24, {3.8, 3.8, 3.8, 3.8});
     EXPECT(tuner.watch_retrials() == 1, "a kept path behind any other one: trials again");
   }
@@ -205,20 +218,49 @@ int main() {
     PathTuner tuner(/*staged=*/true);
     for (int k = 0; k < 6; ++k) {
       const PathTuner::Choice c = tuner.choose(kMiB, false);
-      tuner.record(c, c.path == S ? 1e-4 : 2e-4);
+      tuner.record(c, 0.0, c.path == S ? 1e-4 : 2e-4);
     }
-    tuner.decide(20, tuner.trial_times(20));
+    tuner.decide(20, own_times(tuner, 20));
     EXPECT(tuner.choose(kMiB, false).path == S, "the staged board kept");
     int agreed_at = 0;
     for (int i = 1; i <= 40 && agreed_at == 0; ++i) {
-      if (tuner.record(tuner.choose(kMiB, false), i > 16 ? 5e-4 : 1e-4)) agreed_at = i;
+      if (tuner.record(tuner.choose(kMiB, false), 0.0, i > 16 ? 5e-4 : 1e-4)) agreed_at = i;
     }
     EXPECT(agreed_at == 20, "the window is 2 ms of 0.1 ms operations");
-    const PathTuner::TrialTimes last = tuner.trial_times(20);
+    const PathTuner::TrialTimes last = own_times(tuner, 20);
     EXPECT(last[0] == 5e-4 && last[1] == 5e-4 && last[2] == 5e-4 && last[3] == 5e-4,
            "the window's last four operations are judged");
     tuner.decide(20, last);
     EXPECT(tuner.watch_retrials() == 1, "slower than the links' 0.2 ms: trials again");
+  }
+  {
+    // Two ranks, as the engine's agreement sees them: each mark at its latest over the
+    // ranks. The links' ranks end together; the staged board's a copy-back apart, and
+    // its rank that arrived first waited 1 for the other. From the last start to the
+    // last end the staged board takes 3 against the links' 2.5, though its quicker rank
+    // was done 2 after its start.
+    PathTuner a(/*staged=*/true), b(/*staged=*/true);
+    const std::vector<PathKind> order = {L, S, L, S, S, L};
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      const PathTuner::Choice ca = a.choose(kMiB, false), cb = b.choose(kMiB, false);
+      EXPECT(ca.path == order[k] && cb.path == order[k], "both ranks try the same path");
+      const double t = 10.0 * static_cast<double>(k);
+      if (ca.path == L) {
+        a.record(ca, t, t + 3.5);
+        b.record(cb, t + 1.0, t + 3.5);
+      } else {
+        a.record(ca, t, t + 4.0);
+        b.record(cb, t + 1.0, t + 3.0);
+      }
+    }
+    PathTuner::TrialMarks latest{};
+    const PathTuner::TrialMarks ma = a.trial_marks(20), mb = b.trial_marks(20);
+    for (std::size_t j = 0; j < latest.size(); ++j) latest[j] = std::max(ma[j], mb[j]);
+    const PathTuner::TrialTimes agreed = PathTuner::seconds_between(latest);
+    EXPECT(agreed[0] == 2.5 && agreed[1] == 3.0 && agreed[2] == 3.0 && agreed[3] == 2.5,
+           "each trial from the last rank's start to the last rank's end");
+    a.decide(20, agreed);
+    EXPECT(a.choose(kMiB, false).path == L, "the links, done first for the job, are kept");
   }
   std::printf("test_path_tuner: %d failures\n", selftest::failures);
   return selftest::failures == 0 ? 0 : 1;
