@@ -248,10 +248,11 @@ def test_choice_to_dict_is_json():
 
 
 # ----------------------------------------------------------------- refinement
-def test_refining_moves_boundaries_to_the_simulated_optimum():
+def test_the_walk_moves_boundaries_to_the_simulated_optimum():
     """6 equal layers (1 + 2 ms) on 3 stages: from the lopsided cut 0-1, 1-2, 2-6 (4 layers
-    on the last stage) the refinement walks the boundaries to the balanced 0-2, 2-4, 4-6,
-    a local optimum: no plan a boundary away is predicted faster."""
+    on the last stage) the walk (for plans with too many cuts to try each) moves the
+    boundaries to the balanced 0-2, 2-4, 4-6, a local optimum: no plan a boundary away is
+    predicted faster."""
     from pipesgd.pipeline.plan import Plan, StagePlan
     from pipesgd.planner.choose import REFINE_GAIN, refine_boundaries
 
@@ -262,7 +263,7 @@ def test_refining_moves_boundaries_to_the_simulated_optimum():
         return simulate(plan, prof, "3x[10Gbit]")
 
     start = Plan((StagePlan(0, 1), StagePlan(1, 2), StagePlan(2, 6)), micro_batch=8)
-    refined = refine_boundaries(start, run)
+    refined = refine_boundaries(start, run, search_all_up_to=0)  # the walk
     assert [(s.start, s.end) for s in refined.stages] == [(0, 2), (2, 4), (4, 6)]
     best = run(refined).samples_per_s
     assert best > 1.9 * run(start).samples_per_s  # 12 ms -> 6 ms per micro-batch
@@ -270,3 +271,41 @@ def test_refining_moves_boundaries_to_the_simulated_optimum():
                    [(0, 2), (2, 3), (3, 6)], [(0, 2), (2, 5), (5, 6)]):
         other = refined.replace(stages=tuple(StagePlan(a, b) for a, b in stages))
         assert run(other).samples_per_s <= best * (1 + REFINE_GAIN)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_refining_keeps_the_fastest_cut_of_every_one(seed):
+    """Where the cuts are few, every one is simulated: the result is the fastest of a
+    brute-force enumeration (the DP's own cut unless another is REFINE_GAIN faster), with
+    the stages' replicas kept. Random 8-layer profiles, stages x1, x2, x1 on 4 workers."""
+    import itertools
+    import random
+
+    from pipesgd.pipeline.plan import Plan, StagePlan
+    from pipesgd.planner.choose import REFINE_GAIN, refine_boundaries
+
+    rng = random.Random(seed)
+    n = 8
+    prof = ModelProfile.from_columns(
+        [rng.uniform(0.2e-3, 3e-3) for _ in range(n)],
+        [rng.uniform(0.4e-3, 6e-3) for _ in range(n)],
+        [rng.uniform(1e3, 4e5) for _ in range(n)],
+        [rng.uniform(1e3, 2e6) for _ in range(n)], batch_size=8)
+
+    def run(plan):
+        return simulate(plan, prof, "4x[1Gbit]")
+
+    start = Plan((StagePlan(0, 2), StagePlan(2, 5, 2), StagePlan(5, 8)), schedule="1f1b-rr",
+                 micro_batch=8)
+    refined = refine_boundaries(start, run)
+    assert [s.replicas for s in refined.stages] == [1, 2, 1]
+    every = {}
+    for a, b in itertools.combinations(range(1, n), 2):
+        plan = start.replace(stages=(StagePlan(0, a), StagePlan(a, b, 2), StagePlan(b, n)))
+        every[(a, b)] = run(plan).samples_per_s
+    fastest = max(every.values())
+    got = run(refined).samples_per_s
+    if fastest > run(start).samples_per_s * (1 + REFINE_GAIN):
+        assert got == fastest
+    else:
+        assert refined == start

@@ -7,9 +7,9 @@ ranked by predicted samples/s under a memory budget.
 
 The three families, each predicted by the model that knows how it runs:
 
-- pipedream: `pipedream()`'s partition and replicas (schedule 1f1b-rr where a stage is
-  replicated), its boundaries then moved while `simulate` on the topology predicts a
-  gain (`refine_boundaries`), timed by `simulate`.
+- pipedream: `pipedream()`'s stages and replicas (schedule 1f1b-rr where a stage is
+  replicated), cut where `simulate` on the topology predicts fastest
+  (`refine_boundaries`), timed by `simulate`.
 - madpipe: `madpipe()`'s memory-aware partition (only with a budget), run as the runtime
   runs it: 1F1B with each stage keeping its 1F1B* count in flight (the plan's
   `stage_in_flight`), timed by `simulate`. On a hierarchy MadPipe plans one level of all
@@ -37,6 +37,7 @@ that fits. Candidates that fit at no depth are excluded, with the reason.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,8 @@ DP_CORES_PER_WORKER = 2  # a worker's compute thread and the engine's comm threa
 # core of its own: the timing model without contention, as the simulator assumes workers
 TIE = 1e-9
 REFINE_GAIN = 0.01  # a moved boundary must buy this much predicted speed
+SEARCH_ALL_UP_TO = 1000  # cuts of the DP's stages simulated one by one (a 12-layer CNN on
+# 4 stages has 165; beyond this many, a walk of boundary moves)
 
 
 @dataclass(frozen=True)
@@ -326,14 +329,30 @@ def _moved_boundaries(plan: Plan) -> list[Plan]:
     return out
 
 
-def refine_boundaries(plan: Plan, run: Callable[[Plan], SimulationResult]) -> Plan:
+def _every_cut(plan: Plan) -> list[Plan]:
+    """Every plan with `plan`'s stages and replicas in order, cut anywhere."""
+    n, stages = plan.num_layers, plan.stages
+    out = []
+    for cut in itertools.combinations(range(1, n), len(stages) - 1):
+        bounds = (0, *cut, n)
+        out.append(plan.replace(stages=tuple(
+            replace(st, start=a, end=b)
+            for st, (a, b) in zip(stages, itertools.pairwise(bounds), strict=True))))
+    return out
+
+
+def refine_boundaries(plan: Plan, run: Callable[[Plan], SimulationResult],
+                      search_all_up_to: int = SEARCH_ALL_UP_TO) -> Plan:
     """PipeDream's DP balances its own cost (compute, 2a/B per boundary); the simulator
     counts more of what the runtime does (a payload moving once its receiver asks, eager
-    bytes, shared cores). From the DP's partition, walk to the plan a boundary away that
-    the simulation predicts fastest, also sideways (a bottleneck stage's neighbours may
-    have to move before it can shrink), never back, for at most two steps per layer; the
-    result is the first plan of the walk at least REFINE_GAIN faster than any before it.
-    Stages and replicas are kept."""
+    bytes, shared cores). Keeping the DP's stages and replicas, cut where the simulation
+    predicts fastest: every cut, where there are at most `search_all_up_to` (the
+    simulator's optimum can lie several boundary moves away, past slower plans);
+    otherwise walk from the DP's cut to the plan a boundary away that the simulation
+    predicts fastest, also sideways (a bottleneck stage's neighbours may have to move
+    before it can shrink), never back, for at most two steps per layer, and keep the
+    first plan of the walk at least REFINE_GAIN faster than any before it. A cut other
+    than the DP's must be predicted REFINE_GAIN faster than it."""
     rates: dict[tuple, float] = {}
 
     def key(p: Plan) -> tuple:
@@ -344,6 +363,9 @@ def refine_boundaries(plan: Plan, run: Callable[[Plan], SimulationResult]) -> Pl
             rates[key(p)] = run(p).samples_per_s
         return rates[key(p)]
 
+    if math.comb(plan.num_layers - 1, len(plan.stages) - 1) <= search_all_up_to:
+        fastest = max(_every_cut(plan), key=rate)  # a tie keeps the earlier cut
+        return fastest if rate(fastest) > rate(plan) * (1 + REFINE_GAIN) else plan
     best = current = plan
     best_rate = current_rate = rate(plan)
     seen = {key(plan)}
