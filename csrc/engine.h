@@ -112,8 +112,9 @@ class Engine {
   // Runs `op` on the board where it fits, else around the ring on the links or as MPI
   // messages or staged on the board, as the tuner says, and teaches the tuner.
   void run_on_tuned_path(Operation& op);
-  // Takes each timed operation of `size_class` at its shortest over the ranks and hands
-  // them to the tuner (an allreduce with MIN; `op` names the wait).
+  // Times each timed operation of `size_class` from the last rank's start to the last
+  // rank's end and hands them to the tuner (an allreduce with MAX of the ranks' marks;
+  // `op` names the wait).
   void agree_on_path_times(int size_class, Operation& op);
   // Runs `operation` on this thread, numbered next, if nothing is queued or running;
   // false (and nothing done) otherwise.

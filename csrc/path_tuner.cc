@@ -108,12 +108,12 @@ PathTuner::TrialTimes PathTuner::seconds_between(const TrialMarks& latest) {
   return out;
 }
 
-void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
+void PathTuner::decide(int size_class, const TrialTimes& agreed) {
   ClassState& s = classes_[size_class];
   const Candidates paths = candidates(size_class);
   if (s.decided) {  // a watch window: the median, so one slow operation is not a spell
     std::array<double, kWatched> sorted{};
-    std::copy_n(shortest_over_ranks.begin(), kWatched, sorted.begin());
+    std::copy_n(agreed.begin(), kWatched, sorted.begin());
     std::sort(sorted.begin(), sorted.end());
     const double median = 0.5 * (sorted[kWatched / 2 - 1] + sorted[kWatched / 2]);
     for (PathKind other : paths) {
@@ -132,7 +132,7 @@ void PathTuner::decide(int size_class, const TrialTimes& shortest_over_ranks) {
   const int n = paths.size();
   for (int j = 0; j < n * kTimedPerPath; ++j) {
     total[static_cast<std::size_t>(timed_path(size_class, j))] +=
-        shortest_over_ranks[static_cast<std::size_t>(j)];
+        agreed[static_cast<std::size_t>(j)];
   }
   // The fastest; a tie keeps the earlier candidate (the links first).
   PathKind fastest = paths[0];

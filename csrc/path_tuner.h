@@ -117,9 +117,10 @@ class PathTuner {
   // Each operation's seconds from the last rank's start to the last rank's end, from the
   // marks at their latest over the ranks.
   static TrialTimes seconds_between(const TrialMarks& latest);
-  // After trials: keeps the fastest path. After a watch window: starts the trials again
-  // if the kept path has fallen behind another one's last trial times.
-  void decide(int size_class, const TrialTimes& shortest_over_ranks);
+  // With the agreed seconds (seconds_between()): after trials, keeps the fastest path;
+  // after a watch window, starts the trials again if the kept path has fallen behind
+  // another one's last trial times.
+  void decide(int size_class, const TrialTimes& agreed);
   // How many times a watch window has sent a class back to its trials (all classes).
   int watch_retrials() const { return watch_retrials_; }
 
