@@ -19,6 +19,17 @@ SUBCOMMANDS = {
 }
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a batch or micro-batch of samples)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(

@@ -51,6 +51,22 @@ def _load_file(path: Path) -> ModuleType:
     return _FILE_MODULES[path]
 
 
+def check_model_name(spec: str) -> tuple[str, str]:
+    """(MODULE, FUNCTION) of a MODULE:FUNCTION spec, ("", spec) of a built-in name.
+
+    Raises:
+        ValueError: neither: the message lists what --model takes.
+    """
+    if spec in BUILTIN:
+        return "", spec
+    module_name, sep, function = spec.rpartition(":")
+    if not sep or not module_name or not function.isidentifier():
+        raise ValueError(f"--model {spec!r}: expected one of mlp, cnn or MODULE:FUNCTION "
+                         "(e.g. mymodels:resnet or ./models.py:build), or a network of the "
+                         f"Pipe-SGD paper: {', '.join(PAPER_NETWORKS)}")
+    return module_name, function
+
+
 def load_model_function(spec: str) -> Callable[[], nn.Module]:
     """The FUNCTION of a MODULE:FUNCTION spec, imported.
 
@@ -58,11 +74,9 @@ def load_model_function(spec: str) -> Callable[[], nn.Module]:
         ValueError: the spec is malformed, the module cannot be imported or has no such
             function (the message names which).
     """
-    module_name, sep, function = spec.rpartition(":")
-    if not sep or not module_name or not function.isidentifier():
-        raise ValueError(f"--model {spec!r}: expected one of mlp, cnn or MODULE:FUNCTION "
-                         "(e.g. mymodels:resnet or ./models.py:build), or a network of the "
-                         f"Pipe-SGD paper: {', '.join(PAPER_NETWORKS)}")
+    module_name, function = check_model_name(spec)
+    if not module_name:
+        raise ValueError(f"--model {spec!r} is built in, not MODULE:FUNCTION")
     try:
         if module_name.endswith(".py") or "/" in module_name:
             module = _load_file(Path(module_name).expanduser().resolve())
@@ -144,6 +158,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_default: str | No
 def model_shape(args: argparse.Namespace) -> dict[str, Any]:
     """The sample shape and classes to size the model for: from --data as `pipesgd train`
     loads it, from --input-shape, or (neither) the built-in models' defaults."""
+    check_model_name(args.model)
     if args.data and args.input_shape:
         raise ValueError("give --data or --input-shape, not both")
     if args.data:

@@ -143,6 +143,9 @@ def test_bad_input_is_a_clear_error(mlp_profile, capsys, args, message):
 def test_bad_model_and_missing_files(tmp_path, capsys):
     rc, _, err = plan(capsys, "--model", "nosuch", "--batch-size", "4",
                       "--profile-only", str(tmp_path / "p.json"))
+    assert rc == 2 and "--model 'nosuch': expected one of mlp, cnn or MODULE:FUNCTION" in err
+    rc, _, err = plan(capsys, "--model", "torch.nn:Identity", "--batch-size", "4",
+                      "--profile-only", str(tmp_path / "p.json"))
     assert rc == 2 and "needs --data or --input-shape" in err
     rc, _, err = plan(capsys, "--profile", str(tmp_path / "missing.json"), "--batch-size",
                       "4", "--workers", "2", "--bandwidth", "1Gbit")

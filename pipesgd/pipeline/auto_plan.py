@@ -36,7 +36,13 @@ class AutoPlanError(ValueError):
 
 def plan_argument(text: str) -> Path | str:
     """--plan: a plan JSON file, or the word `auto`."""
-    return AUTO if text == AUTO else Path(text)
+    if text == AUTO:
+        return AUTO
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(
+            f"no plan file {text!r}: give a plan JSON (`pipesgd plan --json plan.json` "
+            "writes one) or `auto`")
+    return Path(text)
 
 
 @dataclass(frozen=True)

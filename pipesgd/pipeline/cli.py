@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from pipesgd.cli import positive_int
 from pipesgd.device import add_device_argument, run_device
 from pipesgd.model_names import HELP, layer_model, parse_shape
 
@@ -61,11 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, help="optimizer steps per epoch (cap)")
-    parser.add_argument("--batch-size", type=int,
+    parser.add_argument("--batch-size", type=positive_int,
                         help="samples per optimizer step: gpipe's flush (default 32); 1f1b "
                         "accumulates batch/micro-batch micro-batches per step (default: one, "
                         "PipeDream's step per micro-batch)")
-    parser.add_argument("--micro-batch", type=int, help="samples per micro-batch (plan's)")
+    parser.add_argument("--micro-batch", type=positive_int,
+                        help="samples per micro-batch (plan's)")
     parser.add_argument("--lr", type=float,
                         help=f"learning rate (default {DEFAULT_LR['mlp']} for mlp, "
                         f"{DEFAULT_LR['cnn']} otherwise: the CNN diverges at 0.05)")

@@ -102,10 +102,21 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict) -> Plan:
-        stages = tuple(
-            StagePlan(int(s["layers"][0]), int(s["layers"][1]), int(s.get("replicas", 1)))
-            for s in data["stages"]
-        )
+        """The plan `to_dict` wrote.
+
+        Raises:
+            ValueError: no list of stages, each {"layers": [start, end], "replicas": r}.
+        """
+        try:
+            stages = tuple(
+                StagePlan(int(s["layers"][0]), int(s["layers"][1]), int(s.get("replicas", 1)))
+                for s in data["stages"]
+            )
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                'not a plan: expected {"stages": [{"layers": [start, end], "replicas": r}, '
+                f'...], ...}} (`pipesgd plan --json` writes one); {type(exc).__name__}: {exc}'
+            ) from exc
         known = {"stages", "schedule", "micro_batch", "in_flight", "micro_batches_per_step",
                  "stage_in_flight"}
         return cls(
@@ -120,7 +131,16 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The plan a JSON file holds (`save`, `pipesgd plan --json`).
+
+        Raises:
+            ValueError: the file holds no plan (not JSON, or from_dict's errors), with its
+                name.
+        """
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except ValueError as exc:  # JSONDecodeError is one
+            raise ValueError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict:
         out = asdict(self)

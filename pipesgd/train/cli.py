@@ -17,6 +17,7 @@ from typing import Any
 
 from pipesgd.agreement import failure_anywhere
 from pipesgd.buffers import COMPRESSIONS
+from pipesgd.cli import positive_int
 from pipesgd.device import add_device_argument
 from pipesgd.model_names import BUILTIN, HELP, load_model_function
 from pipesgd.optim import OVERLAP_MODES
@@ -42,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=5)
     length.add_argument("--steps", type=int, help="train this many iterations instead")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per rank")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="samples per rank")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                         help="cosine decays the learning rate to 0 over the run")

@@ -159,8 +159,10 @@ class ShardedBatches:
 
     def __init__(self, num_samples: int, batch_size: int, rank: int, size: int,
                  seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"the batch size must be >= 1 sample per rank, got {batch_size}")
         global_batch = batch_size * size
-        if batch_size < 1 or global_batch > num_samples:
+        if global_batch > num_samples:
             raise ValueError(
                 f"a global batch of {batch_size} x {size} ranks = {global_batch} samples does "
                 f"not fit the {num_samples} training samples: lower --batch-size"

@@ -1,0 +1,43 @@
+"""Bad command-line input is refused before anything runs, with a message naming it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipesgd.cli import main
+from pipesgd.pipeline.plan import Plan, StagePlan
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--batch-size", "-3"], "argument --batch-size: expected an integer >= 1, got '-3'"),
+    (["train", "--batch-size", "x"], "argument --batch-size: expected an integer >= 1, got 'x'"),
+    (["pipeline", "--micro-batch", "0"], "argument --micro-batch: expected an integer >= 1"),
+    (["pipeline", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1"),
+    (["pipeline", "--plan", "no/such/plan.json"], "no plan file 'no/such/plan.json'"),
+])
+def test_bad_arguments_stop_the_command(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_plan_file_that_holds_no_plan_names_itself(tmp_path):
+    plan = Plan((StagePlan(0, 2), StagePlan(2, 5, 2)), schedule="1f1b-rr", micro_batch=16)
+    good = tmp_path / "plan.json"
+    plan.save(good)
+    assert Plan.load(good) == plan
+    not_json = tmp_path / "notes.json"
+    not_json.write_text("stages: 0-2, 2-5")
+    with pytest.raises(ValueError, match=r"notes\.json: Expecting value"):
+        Plan.load(not_json)
+    no_stages = tmp_path / "profile.json"
+    no_stages.write_text(json.dumps({"layers": 3}))
+    with pytest.raises(ValueError, match=r"profile\.json: not a plan: expected \{\"stages\""):
+        Plan.load(no_stages)
+    bad_stage = tmp_path / "bad.json"
+    bad_stage.write_text(json.dumps({"stages": [{"layers": [0]}]}))
+    with pytest.raises(ValueError, match=r"bad\.json: not a plan.*IndexError"):
+        Plan.load(bad_stage)
