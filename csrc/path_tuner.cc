@@ -13,6 +13,12 @@ int floor_log2(std::size_t x) {
   return k;
 }
 
+// Untimed operations before the timed trials of a class with `n` candidates: its first
+// trials warm every path up; later ones find them warm.
+int warmups(bool tried_before, int n) {
+  return tried_before ? 0 : n * PathTuner::kWarmupsPerPath;
+}
+
 }  // namespace
 
 const char* path_name(PathKind path) {
@@ -60,10 +66,9 @@ PathTuner::Choice PathTuner::choose(std::size_t bytes, bool compressed) const {
     return c;
   }
   const int trial = it == classes_.end() ? 0 : it->second.trials;
-  const bool warm = it != classes_.end() && it->second.ever_decided;  // tried before
-  const int warmups = warm ? 0 : n * kWarmupsPerPath;
-  c.timed = trial >= warmups;
-  c.path = c.timed ? timed_path(c.size_class, trial - warmups) : paths[trial % n];
+  const int untimed = warmups(it != classes_.end() && it->second.ever_decided, n);
+  c.timed = trial >= untimed;
+  c.path = c.timed ? timed_path(c.size_class, trial - untimed) : paths[trial % n];
   return c;
 }
 
@@ -86,9 +91,9 @@ bool PathTuner::record(const Choice& choice, double start_s, double end_s) {
     return s.since_decided % s.watch_every == 0;
   }
   const int n = candidates(choice.size_class).size();
-  const int warmups = s.ever_decided ? 0 : n * kWarmupsPerPath;
-  if (choice.timed) mark(s.trials - warmups);
-  return ++s.trials == warmups + n * kTimedPerPath;
+  const int untimed = warmups(s.ever_decided, n);
+  if (choice.timed) mark(s.trials - untimed);
+  return ++s.trials == untimed + n * kTimedPerPath;
 }
 
 int PathTuner::watch_window(const ClassState& s) {

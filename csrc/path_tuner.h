@@ -40,13 +40,14 @@
 // slower paths cost well under 1 % at that period.
 //
 // Between trials the class watches the path it kept: at the end of each window the ranks
-// agree on the time of each of its last kWatched operations, as for a trial,
-// and when their median is more than kWatchMargin times another path's time in the
-// last trials, the trials run again at once. A window is kWatched operations, or as
-// many as take kWatchSeconds on the kept path: an agreement costs tens of microseconds,
-// a sixth of a 64 KiB operation, so small classes agree less often. On a 2-core VM the links ran 3-5x slower for tens of operations at a time
-// (spells in which MPI's messages slowed by a fifth), and waiting out kRetuneEvery
-// operations kept them there; the spell over, kRetuneSoon brings them back.
+// agree on the time of each of its last kWatched operations, as for a trial, and when
+// their median is more than kWatchMargin times another path's time in the last trials,
+// the trials run again at once. A window is kWatched operations, or as many as take
+// kWatchSeconds on the kept path: an agreement costs tens of microseconds, a sixth of a
+// 64 KiB operation, so small classes agree less often. On a 2-core VM the links ran
+// 3-5x slower for tens of operations at a time (spells in which MPI's messages slowed by
+// a fifth), and waiting out kRetuneEvery operations kept them there; the spell over,
+// kRetuneSoon brings them back.
 // Everything else (small, compressed) takes the links.
 #pragma once
 

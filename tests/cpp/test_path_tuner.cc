@@ -24,9 +24,27 @@ PathTuner::TrialTimes own_times(const PathTuner& tuner, int size_class) {
   return PathTuner::seconds_between(tuner.trial_marks(size_class));
 }
 
-// Runs a class's trials, each path taking `links_s` / `messages_s` per operation, and
-// returns the trial times this rank would send to the agreement. A class's first trials
-// warm each path up untimed; later ones find them warm.
+// Runs a class's trials in `order` (the first `warmups` untimed, the rest timed), each
+// path taking `seconds[path]` per operation; returns the times this rank would send to
+// the agreement.
+PathTuner::TrialTimes run_order(PathTuner& tuner, std::size_t bytes,
+                                const std::vector<PathKind>& order, std::size_t warmups,
+                                const std::array<double, 3>& seconds) {
+  int size_class = -1;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const PathTuner::Choice c = tuner.choose(bytes, false);
+    size_class = c.size_class;
+    EXPECT(c.path == order[k], "the trials take the candidates in order");
+    EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
+    const bool last = tuner.record(c, 0.0, seconds[static_cast<std::size_t>(c.path)]);
+    EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
+  }
+  return own_times(tuner, size_class);
+}
+
+// Runs a class's trials between links and messages, each taking `links_s` / `messages_s`
+// per operation: a class's first trials warm each path up untimed (L M, then L M M L);
+// later ones find them warm (L M M L).
 PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double links_s,
                                  double messages_s) {
   std::size_t size_class = 1;
@@ -34,16 +52,7 @@ PathTuner::TrialTimes run_trials(PathTuner& tuner, std::size_t bytes, double lin
   const bool first = tuner.decided().count(size_class) == 0;
   const std::vector<PathKind> order =
       first ? std::vector<PathKind>{L, M, L, M, M, L} : std::vector<PathKind>{L, M, M, L};
-  const std::size_t warmups = first ? 2 : 0;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const PathTuner::Choice c = tuner.choose(bytes, false);
-    EXPECT(c.path == order[k], "trial order: warm-ups L M on the first trials, then L M M L");
-    EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
-    const bool last = tuner.record(c, 0.0, c.path == L ? links_s : messages_s);
-    EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
-    if (last) return own_times(tuner, c.size_class);
-  }
-  return {};
+  return run_order(tuner, bytes, order, first ? 2 : 0, {links_s, messages_s, 0.0});
 }
 
 }  // namespace
@@ -172,21 +181,10 @@ int main() {
     PathTuner tuner(/*staged=*/true);
     EXPECT(tuner.choose(64 * 1024 - 1, false).size_class < 0, "below 64 KiB: not tuned");
     EXPECT(tuner.choose(64 * kMiB, true).size_class < 0, "compressed: not tuned");
-    // Runs a class's trials in `order` (the warm-ups, one per candidate, then the timed
-    // ones), each path taking `seconds[path]`; returns the times to agree on.
+    // A class's first trials: one warm-up per candidate, then the timed ones.
     auto trials = [&](std::size_t bytes, const std::vector<PathKind>& order,
                       const std::array<double, 3>& seconds) {
-      const std::size_t warmups = order.size() / 3;
-      int size_class = -1;
-      for (std::size_t k = 0; k < order.size(); ++k) {
-        const PathTuner::Choice c = tuner.choose(bytes, false);
-        size_class = c.size_class;
-        EXPECT(c.path == order[k], "the trials take the candidates in order");
-        EXPECT(c.timed == (k >= warmups), "warm-ups are not timed");
-        const bool last = tuner.record(c, 0.0, seconds[static_cast<std::size_t>(c.path)]);
-        EXPECT(last == (k + 1 == order.size()), "the class is complete after its last trial");
-      }
-      return own_times(tuner, size_class);
+      return run_order(tuner, bytes, order, order.size() / 3, seconds);
     };
     const PathTuner::TrialTimes small = trials(kMiB, {L, S, L, S, S, L}, {2.0, 9.0, 1.0});
     EXPECT(small[0] == 2.0 && small[1] == 1.0 && small[2] == 1.0 && small[3] == 2.0 &&
