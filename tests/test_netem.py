@@ -145,15 +145,19 @@ def test_ring_moves_expected_bytes_at_link_rate(net3) -> None:
 @needs_netns
 def test_timing_model_finds_any_token_bucket(burst: int) -> None:
     """measure_network's burst probe finds the bucket the emulator configured, whatever
-    its size (none, smaller than its first transfer, larger than any fixed probe)."""
+    its size (none, smaller than its first transfer, larger than any fixed probe), and
+    the rate of its one flow beyond the bucket."""
     with netem.emulated_network(np=2, rate=RATE, burst=burst) as net:
         run = net.run(
             [sys.executable, PROBE, "burst", "0"],
             capture_output=True, timeout=120, env=mpi_env(), cwd=ROOT,
         )  # fmt: skip
     assert run.returncode == 0, f"burst probe failed:\n{run.output}"
-    found = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])[
-        "burst_bytes"]
+    result = json.loads([ln for ln in run.output.splitlines() if ln.startswith("{")][-1])
+    found = result["burst_bytes"]
+    flow_bps = 8 / result["flow_beta"]
+    assert 0.75 * RATE_BPS <= flow_bps <= 1.1 * RATE_BPS, (
+        f"one flow at {flow_bps / 1e6:.0f} Mbit/s; the emulator's links carry {RATE}")
     if burst == 0:
         # an htb bucket is never below one packet; the probe resolves 16 KiB
         assert found <= 16 << 10, f"found a {found:,.0f} B bucket on links without one"

@@ -251,6 +251,9 @@ def test_a_measured_network_between_nodes_moves_whole_messages_at_once(tmp_path)
     net.ranks_per_node = 1
     level = from_network(net, 4).levels[0]
     assert level.eager_bytes == math.inf and level.burst_bytes == 122880.0
+    assert level.flow_bandwidth == 0.0  # one flow's rate not measured
+    net.flow_beta_s_per_byte = 8 / 2e9  # one flow alone at 2 Gbit/s
+    assert from_network(net, 4).levels[0].flow_bandwidth == pytest.approx(2e9 / 8)
     topo = from_network(net, 4)
     topo.save(tmp_path / "topo.json")
     assert HierarchicalTopology.load(tmp_path / "topo.json") == topo

@@ -417,6 +417,40 @@ def test_a_replicas_round_starts_with_its_burst():
     assert sim.time_per_micro_batch_s == pytest.approx(4.06 / 4)
 
 
+@pytest.mark.parametrize("replicas, flow, expected_rate", [
+    (2, 0.0, 1e9),    # one flow's rate not measured: the level's bandwidth
+    (2, 3e9, 2e9),    # 4 workers' total (4 GB/s) over 2 flows
+    (2, 1.5e9, 1.5e9),  # ... but no flow faster than one alone
+    (3, 3e9, 4e9 / 3),
+    (4, 3e9, 1e9),    # every worker: the bandwidth measured with all of them
+    (2, 0.5e9, 1e9),  # one flow slower than the ring's links: the links' rate
+])
+def test_fewer_flows_share_what_the_hosts_move(replicas, flow, expected_rate):
+    # A level of 4 workers at 1 GB/s, as a ring of all four measured it, on which one
+    # flow alone reaches `flow`: a round among `replicas` of them sends each replica's
+    # 2 (r - 1) / r x 1 GB at the hosts' 4 GB/s shared by r flows, at most `flow`.
+    level = Level(4, 1e9, 0.01, flow_bandwidth=flow)
+    assert level.round_bandwidth(replicas) == pytest.approx(expected_rate)
+    prof = chain([1.0], [2.0], weights=[1e9])
+    plan = Plan((StagePlan(0, 1, replicas),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, HierarchicalTopology((level,)))
+    wire = 2 * (replicas - 1) / replicas * 1e9 / expected_rate
+    assert sim.stages[0].allreduce_s == pytest.approx(wire + 2 * (replicas - 1) * 0.01)
+    assert sim.time_per_micro_batch_s == pytest.approx(
+        (3.0 + sim.stages[0].allreduce_s) / replicas)
+
+
+def test_one_flows_rate_round_trips_through_json_and_is_checked():
+    topo = HierarchicalTopology((Level(4, 1e9, 5e-5, flow_bandwidth=2.5e9),))
+    assert HierarchicalTopology.from_dict(topo.to_dict()) == topo
+    older = topo.to_dict()
+    del older["levels"][0]["flow_bandwidth"]  # a topology saved before it was measured
+    assert HierarchicalTopology.from_dict(older).levels[0].flow_bandwidth == 0.0
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="flow_bandwidth"):
+            Level(2, 1e9, flow_bandwidth=bad)
+
+
 def test_replicas_on_one_node_reduce_in_place():
     # The ring above on one node whose engine reduces its own buffers in place at
     # 0.5 ns per byte: two waits of 10 ms on the wire, and 0.5 s of each replica's

@@ -527,6 +527,18 @@ def test_device_copy_rate_described_and_checked():
     assert NetworkParams.from_dict(old).device_copy_s_per_byte == 0.0  # files from before
 
 
+def test_one_flows_rate_round_trips_and_is_checked():
+    measured = net(flow_beta_s_per_byte=4e-9)
+    assert NetworkParams.from_dict(measured.to_dict()).flow_beta_s_per_byte == 4e-9
+    old = {k: v for k, v in measured.to_dict().items() if k != "flow_beta_s_per_byte"}
+    assert NetworkParams.from_dict(old).flow_beta_s_per_byte == 0.0  # files from before
+    with pytest.raises(ValueError, match="flow_beta_s_per_byte must be >= 0"):
+        net(flow_beta_s_per_byte=-1e-9)
+    # the timing model's ring is every rank at once: β, whatever one flow does alone
+    plain = predict(prof(), net(), 4, 1, "none")
+    assert predict(prof(), measured, 4, 1, "none").predicted_s == plain.predicted_s
+
+
 def test_nothing_is_staged_from_the_cpu():
     from pipesgd.timing.host_costs import measure_device_copy
 

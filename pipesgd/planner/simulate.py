@@ -28,14 +28,17 @@ this simulation repeats in passing), one action at a time:
              `replica_s_per_byte`, fitted to a real round), then free: the round's
              all-reduce starts once every replica of the stage has reached it and the
              stage's previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / bandwidth + 2(r-1) latency (ring; the bucket covers its first
+             2(r-1)/r W / B_r + 2(r-1) latency (ring; the bucket covers its first
              bytes) on every replica's NIC, after the messages already on it (and the
              messages sent later queue behind it: all-reduces and activations share the
              links); on a level that reduces in place (`Level.in_place_s_per_byte`:
              one node, `Engine.zeros`), two latencies and W x that rate of CPU instead.
              Where workers share cores, each step also waits for one
              (`SharedCores.load_latency_s` less the step's time on the wire, as the
-             timing model's `steps_core_wait`)
+             timing model's `steps_core_wait`). B_r is the level's bandwidth, or,
+             where one flow alone was measured faster (links bound by what their hosts
+             move in all, as TCP on shared cores is), the level's total over r flows,
+             at most that flow's rate (`Level.round_bandwidth`)
     U        waits for the all-reduce it applies: its own round's (staleness K = 1, the
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
@@ -311,12 +314,14 @@ class _TokenBucket:
         self.size, self.rate = size, rate
         self.tokens, self.t = size, 0.0
 
-    def send(self, start: float, nbytes: float) -> float:
-        """Seconds `nbytes` take from `start` (at or after the bucket's last send ended)."""
+    def send(self, start: float, nbytes: float, rate: float | None = None) -> float:
+        """Seconds `nbytes` take from `start` (at or after the bucket's last send ended),
+        the bytes beyond the tokens at `rate` (default: the bucket's own)."""
+        rate = self.rate if rate is None else rate
         if self.size <= 0:
-            return nbytes / self.rate
+            return nbytes / rate
         tokens = min(self.size, self.tokens + (start - self.t) * self.rate)
-        seconds = max(0.0, nbytes - tokens) / self.rate
+        seconds = max(0.0, nbytes - tokens) / rate
         # while it sends beyond its tokens the bucket earns what it spends
         self.tokens, self.t = max(0.0, tokens - nbytes), start + seconds
         return seconds
@@ -443,11 +448,17 @@ class _Network:
             return 0.0
         return 2 * (len(ranks) - 1) / len(ranks) * nbytes
 
-    def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
-        """What those bytes take at the links' bandwidth."""
-        sent = self.ring_bytes(ranks, nbytes)
+    def ring_rate(self, ranks: Sequence[int]) -> float:
+        """Bytes/s each replica's link carries in the ring among `ranks`
+        (`Level.round_bandwidth`: faster than the level's bandwidth where one flow
+        alone is, and fewer than all its workers send)."""
         level = self._round_level(ranks)
-        return sent / level.bandwidth if sent and level is not None else 0.0
+        return math.inf if level is None else level.round_bandwidth(len(ranks))
+
+    def ring_wire_s(self, ranks: Sequence[int], nbytes: float) -> float:
+        """What those bytes take at that rate."""
+        sent = self.ring_bytes(ranks, nbytes)
+        return sent / self.ring_rate(ranks) if sent else 0.0
 
     def ring_s(self, ranks: Sequence[int], nbytes: float) -> float:
         """A replicated stage's all-reduce of `nbytes` among `ranks`, apart from its CPU
@@ -594,6 +605,7 @@ def simulate(
                   for s in range(plan.num_stages)]
     ring_wire_s = [net.ring_wire_s(ranks_of[s], costs[s].weight_bytes)
                    for s in range(plan.num_stages)]
+    ring_rate = [net.ring_rate(ranks_of[s]) for s in range(plan.num_stages)]
     ring_cpu_s = [net.ring_cpu_s(ranks_of[s], costs[s].weight_bytes)
                   for s in range(plan.num_stages)]
     last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
@@ -707,9 +719,10 @@ def simulate(
         replicas = ranks_of[stage]
         level = net.bucket_key(replicas)
         sent = ring_bytes[stage]
+        rate = ring_rate[stage]
         for r in replicas:
             begin = max(t, nic_free[r])
-            wire = bucket(r, level).send(begin, sent) if sent > 0 else 0.0
+            wire = bucket(r, level).send(begin, sent, rate) if sent > 0 else 0.0
             nic_free[r] = begin + ring_s[stage] - ring_wire_s[stage] + wire
             wire_end = max(wire_end, nic_free[r])
         push(wire_end, ("wire", stage, rnd))

@@ -71,6 +71,13 @@ class Level:
             per byte of the engine's all-reduce of its own buffers in place
             (`NetworkParams.in_place_s_per_byte`), which a replicated stage's round
             takes. 0: rounds go around the ring over the links.
+        flow_bandwidth: bytes per second one flow reaches alone on these links
+            (`NetworkParams.flow_beta_s_per_byte`, measured). Above `bandwidth`, the
+            level's `count` workers sending at once are bound by what their hosts move in
+            all, not by each link (TCP on shared cores), so fewer flows go faster: each
+            of the r flows of an all-reduce among r workers at
+            min(flow_bandwidth, bandwidth x count / r) (`round_bandwidth`). 0: every
+            flow at `bandwidth`.
     """
 
     count: int
@@ -79,6 +86,7 @@ class Level:
     eager_bytes: float = 0.0
     burst_bytes: float = 0.0
     in_place_s_per_byte: float = 0.0
+    flow_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 1:
@@ -89,10 +97,18 @@ class Level:
             raise ValueError(f"a level's latency must be >= 0 s, got {self.latency!r}")
         if not self.eager_bytes >= 0:
             raise ValueError(f"a level's eager_bytes must be >= 0, got {self.eager_bytes!r}")
-        for key in ("burst_bytes", "in_place_s_per_byte"):
+        for key in ("burst_bytes", "in_place_s_per_byte", "flow_bandwidth"):
             value = getattr(self, key)
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"a level's {key} must be >= 0, got {value!r}")
+
+    def round_bandwidth(self, replicas: int) -> float:
+        """Bytes per second each link carries in an all-reduce among `replicas` of the
+        level's workers, while the others' links idle: the hosts' total over the level
+        (`bandwidth` x `count`, as measured with every worker sending) shared by its
+        flows, at most one flow's rate alone; `bandwidth` where that is not faster."""
+        shared = self.bandwidth * self.count / max(1, replicas)
+        return max(self.bandwidth, min(self.flow_bandwidth, shared))
 
     def __str__(self) -> str:
         inner = f"{self.bandwidth / 1e9:g}GB/s"
@@ -236,7 +252,8 @@ class HierarchicalTopology:
             "levels": [
                 {"count": lv.count, "bandwidth": lv.bandwidth, "latency": lv.latency,
                  "eager_bytes": lv.eager_bytes, "burst_bytes": lv.burst_bytes,
-                 "in_place_s_per_byte": lv.in_place_s_per_byte}
+                 "in_place_s_per_byte": lv.in_place_s_per_byte,
+                 "flow_bandwidth": lv.flow_bandwidth}
                 for lv in self.levels
             ],
             "memory_per_worker": self.memory_per_worker,
@@ -251,7 +268,8 @@ class HierarchicalTopology:
             levels = tuple(
                 Level(int(lv["count"]), float(lv["bandwidth"]), float(lv.get("latency", 0.0)),
                       float(lv.get("eager_bytes", 0.0)), float(lv.get("burst_bytes", 0.0)),
-                      float(lv.get("in_place_s_per_byte", 0.0)))
+                      float(lv.get("in_place_s_per_byte", 0.0)),
+                      float(lv.get("flow_bandwidth", 0.0)))
                 for lv in data["levels"]
             )
         except (KeyError, TypeError) as err:
@@ -292,9 +310,10 @@ def from_network(net: Any, workers: int) -> HierarchicalTopology:
     from pipesgd.pipeline.pieces import SMALLEST
 
     cut = net.ranks_per_node is not None and net.eager_bytes >= SMALLEST
+    flow = net.flow_beta_s_per_byte
     level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s,
                   math.inf if cut else net.eager_bytes, net.burst_bytes,
-                  net.in_place_s_per_byte)
+                  net.in_place_s_per_byte, 1.0 / flow if flow > 0 else 0.0)
     return HierarchicalTopology((level,), shared_cores=shared,
                                 device_copy_s_per_byte=net.device_copy_s_per_byte)
 

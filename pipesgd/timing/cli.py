@@ -122,6 +122,9 @@ def format_network(net: Any) -> str:
         f"= {1 / net.beta_s_per_byte / 1e9:.2f} GB/s per ring step",
         f"  beta_cpu {net.beta_cpu_s_per_byte * 1e9:8.4f} ns/B      CPU burnt per byte moved",
         f"  burst  {net.burst_bytes / 1e3:10.1f} kB        sent at line rate after idling",
+        *([f"  flow   {net.flow_beta_s_per_byte * 1e9:10.4f} ns/B      "
+           f"= {1 / net.flow_beta_s_per_byte / 1e9:.2f} GB/s for one flow alone"]
+          if net.flow_beta_s_per_byte else []),
         f"  eager  {net.eager_bytes / 1e3:10.1f} kB        of a message sent before the "
         "receiver asks",
         f"  load   {net.load_latency_s * 1e6:10.1f} us        per ring step while compute "

@@ -56,9 +56,11 @@ def measure_network(
     * burst: transfers of doubling size from rank 0 to α's peer, each after an idle
       spell long enough to refill a bucket that large, until the saving stops growing;
       the token bucket that explains their times (`measure_burst`, `fit_token_bucket`);
-      0 unless it clearly saves time. Only between nodes: ranks on one node share no
-      shaped link, and there the caches' sizes bend the times like a bucket would (a 2-core
-      host once read a 216 KiB "bucket" between two ranks on shared memory).
+      0 unless it clearly saves time. The fit's slope is flow β, that one flow's rate
+      while every other link idles (the planner's all-reduces among fewer ranks than
+      the ring's: `Level.round_bandwidth`). Only between nodes: ranks on one node share
+      no shaped link, and there the caches' sizes bend the times like a bucket would (a
+      2-core host once read a 216 KiB "bucket" between two ranks on shared memory).
     * β_cpu: the CPU time (user + system) the engine's comm thread burns per byte it moves,
       from engine allreduces at the two `large_bytes` sizes, less the reduction (γ). Not
       from the blocking `Sendrecv`: MPI busy-polls there, the engine sleeps between polls.
@@ -149,15 +151,15 @@ def measure_network(
         spread.update(kernel_spread)
 
         # beta: a ring at two sizes; then the burst, beta_cpu and the load latency
-        beta = beta_cpu = burst = load_latency = in_place = 0.0
+        beta = beta_cpu = burst = flow_beta = load_latency = in_place = 0.0
         if size > 1:
             segment = engine.segment_bytes
             if spans_nodes:
                 beta, spread["beta"] = measure_ring_beta(comm, engine, large_bytes, repeats,
                                                           gamma)
                 # a token bucket shapes a network link, never shared memory
-                burst, spread["burst"] = measure_burst(comm, beta, max(5, repeats // 3),
-                                                        segment, oversubscribed, peer)
+                burst, flow_beta, spread["burst"] = measure_burst(
+                    comm, beta, max(5, repeats // 3), segment, oversubscribed, peer)
             else:
                 beta, spread["beta"] = measure_beta(comm, large_bytes, repeats, segment,
                                                      oversubscribed)
@@ -184,6 +186,7 @@ def measure_network(
         copy_s_per_byte=copy,
         beta_cpu_s_per_byte=beta_cpu,
         burst_bytes=burst,
+        flow_beta_s_per_byte=flow_beta,
         load_latency_s=load_latency,
         cores=default_cores(),
         ranks_per_host=None if max_on_node == size else max_on_node,

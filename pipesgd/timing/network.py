@@ -95,6 +95,10 @@ class NetworkParams:
         beta_cpu_s_per_byte: CPU seconds a rank burns per byte moved on the link.
         burst_bytes: bytes a link sends at once after idling long enough to refill
             (a token bucket's burst); they cost no β time.
+        flow_beta_s_per_byte: link time per byte of one flow while every other link
+            idles (the burst probe's rate beyond the bucket, between nodes). Below β
+            where what the hosts move in all, not each link, bounds the ring (TCP on
+            shared cores): fewer flows at once each go faster. 0: not measured.
         load_latency_s: extra seconds per ring step while compute threads keep the
             shared cores busy (0 where ranks and comm threads have cores of their own).
         cores: cores per host shared by ranks, their comm threads and the network stack.
@@ -129,6 +133,7 @@ class NetworkParams:
     copy_s_per_byte: float = 0.0
     beta_cpu_s_per_byte: float = 0.0
     burst_bytes: float = 0.0
+    flow_beta_s_per_byte: float = 0.0
     load_latency_s: float = 0.0
     cores: int | None = None
     ranks_per_host: int | None = None
@@ -159,7 +164,8 @@ class NetworkParams:
                 f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
-                     "beta_cpu_s_per_byte", "burst_bytes", "load_latency_s", "eager_bytes",
+                     "beta_cpu_s_per_byte", "burst_bytes", "flow_beta_s_per_byte",
+                     "load_latency_s", "eager_bytes",
                      "device_copy_s_per_byte", "in_place_s_per_byte"):
             value = getattr(self, name)
             if not value >= 0:

@@ -87,8 +87,9 @@ def _burst_sweep(time_transfer: Callable[[int], float],
 
 
 def measure_burst(comm: Any, beta: float, repeats: int, segment: int,
-                   polite: bool, peer: int = 1) -> tuple[float, float]:
-    """Bytes a link sends at line rate after idling: (burst, spread) (collective).
+                   polite: bool, peer: int = 1) -> tuple[float, float, float]:
+    """Bytes a link sends at line rate after idling, and one flow's rate: (burst, flow β,
+    spread) (collective).
 
     Rank 0 sends transfers of doubling size to rank `peer` (which answers with one byte),
     each after the link idled long enough to refill a bucket that large (`_burst_sweep`).
@@ -98,8 +99,10 @@ def measure_burst(comm: Any, beta: float, repeats: int, segment: int,
     message (Open MPI's rendezvous over TCP) they found no bucket at all in some runs at
     1 Gbit/s and p = 2.
     A bucket that saves less than 50 µs, or less than 5 % of the largest transfer, is
-    noise (shared memory, a NIC without shaping): 0. The spread is that of the largest
-    transfer's times.
+    noise (shared memory, a NIC without shaping): 0. Flow β is the fit's slope: the
+    seconds per byte of this one flow beyond the bucket, with every other link idle
+    (`NetworkParams.flow_beta_s_per_byte`). The spread is that of the largest transfer's
+    times.
     """
     import numpy as np
 
@@ -121,7 +124,7 @@ def measure_burst(comm: Any, beta: float, repeats: int, segment: int,
         return took
 
     sizes, times = _burst_sweep(time_transfer, beta)
-    burst, rate_beta = fit_token_bucket(sizes, times)
-    if burst * rate_beta < max(50e-6, 0.05 * times[-1]):
-        return 0.0, spread
-    return burst, spread
+    burst, flow_beta = fit_token_bucket(sizes, times)
+    if burst * flow_beta < max(50e-6, 0.05 * times[-1]):
+        burst = 0.0
+    return burst, max(flow_beta, 0.0), spread

@@ -5,7 +5,7 @@ Usage: netem_probe.py PATTERN NBYTES
     fanout  rank 0 sends NBYTES to each of ranks 1 and 2 at once; they only receive
     fail    exit with status 3 after MPI_Init (a failing command)
     burst   measure the links' β and token-bucket burst as the timing model does (NBYTES
-            unused); prints {"pattern", "burst_bytes", "beta"}
+            unused); prints {"pattern", "burst_bytes", "beta", "flow_beta"}
     eager   the largest message rank 0 sends to rank 1 before rank 1 posts its receive,
             as the timing model measures it (NBYTES unused); prints
             {"pattern", "eager_bytes"}
@@ -82,10 +82,12 @@ def main() -> int:
         engine = pipesgd.Engine(comm)
         segment, polite = engine.segment_bytes, size > (os.cpu_count() or 1)
         beta, _ = measure_ring_beta(comm, engine, (4 << 20, 16 << 20), 5, gamma=0.0)
-        burst, _ = measure_burst(comm, beta, repeats=6, segment=segment, polite=polite)
+        burst, flow_beta, _ = measure_burst(comm, beta, repeats=6, segment=segment,
+                                            polite=polite)
         engine.shutdown()
         if rank == 0:
-            print(json.dumps({"pattern": pattern, "burst_bytes": burst, "beta": beta}),
+            print(json.dumps({"pattern": pattern, "burst_bytes": burst, "beta": beta,
+                              "flow_beta": flow_beta}),
                   flush=True)
         return 0
     if pattern == "eager":
