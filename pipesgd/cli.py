@@ -20,7 +20,8 @@ SUBCOMMANDS = {
 
 
 def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (a batch or micro-batch of samples)."""
+    """An argparse type: an integer >= 1 (a count: samples in a batch, workers, threads,
+    K), refused when the command line is parsed, before anything runs."""
     try:
         value = int(text)
     except ValueError:

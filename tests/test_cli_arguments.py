@@ -16,6 +16,14 @@ from pipesgd.pipeline.plan import Plan, StagePlan
     (["pipeline", "--micro-batch", "0"], "argument --micro-batch: expected an integer >= 1"),
     (["pipeline", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1"),
     (["pipeline", "--plan", "no/such/plan.json"], "no plan file 'no/such/plan.json'"),
+    (["train", "--staleness", "0"], "argument --staleness: expected an integer >= 1, got '0'"),
+    (["train", "--steps", "0"], "argument --steps: expected an integer >= 1"),
+    (["pipeline", "--epochs", "0"], "argument --epochs: expected an integer >= 1"),
+    (["plan", "--batch-size", "8", "--threads", "-1"], "argument --threads: expected an integer"),
+    (["plan", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
+    (["plan", "--batch-size", "8", "--workers", "0"], "argument --workers: expected an integer"),
+    (["timing", "predict", "--batch-size", "0"], "argument --batch-size: expected an integer"),
+    (["timing", "measure", "--repeats", "0"], "argument --repeats: expected an integer >= 1"),
 ])
 def test_bad_arguments_stop_the_command(capsys, argv, message):
     with pytest.raises(SystemExit) as stop:

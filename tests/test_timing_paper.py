@@ -150,7 +150,7 @@ def test_cli_with_given_profiles_writes_the_table(tmp_path):
     (["--host-gbps", "-1"], "host_gbps must be a positive number"),
     (["--profile", "alexnet"], "--profile 'alexnet': expected BENCHMARK=FILE"),
     (["--profile", "vgg=x.json"], "unknown benchmark 'vgg'"),
-    (["--profile-batch", "0"], "--profile-batch must be >= 1"),
+    (["--profile-batch", "0"], "argument --profile-batch: expected an integer >= 1"),
 ])
 def test_cli_bad_input_says_what_is_wrong(args, message):
     res = pipesgd("timing", "reproduce-paper", *args)

@@ -59,9 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", choices=("digits", "synthetic"),
                         help="default: digits for mlp, synthetic 32x32 images for cnn "
                         "(digits with an image model: scaled up to its input)")
-    parser.add_argument("--samples", type=int, default=2048, help="synthetic data set size")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--steps", type=int, help="optimizer steps per epoch (cap)")
+    parser.add_argument("--samples", type=positive_int, default=2048,
+                        help="synthetic data set size")
+    parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--steps", type=positive_int, help="optimizer steps per epoch (cap)")
     parser.add_argument("--batch-size", type=positive_int,
                         help="samples per optimizer step: gpipe's flush (default 32); 1f1b "
                         "accumulates batch/micro-batch micro-batches per step (default: one, "
@@ -77,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vertical-sync", action="store_true")
     parser.add_argument("--compression", choices=("none", "trunc16", "quant8"), default="none",
                         help="all-reduce compression of replicated stages")
-    parser.add_argument("--staleness", type=int, default=1,
+    parser.add_argument("--staleness", type=positive_int, default=1,
                         help="replicated stages apply the gradient of K-1 rounds ago")
     parser.add_argument("--json", type=Path, help="write throughput, utilisation, memory")
     parser.add_argument("--save", type=Path, help="checkpoint directory (written each epoch)")

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipesgd.cli import positive_int
 from pipesgd.model_names import HELP, add_model_arguments
 
 
@@ -28,13 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "parallelism for a model on a cluster (predicted samples/s).")
     add_model_arguments(parser, model_default=None,
                         model_help=HELP + " (default mlp, or the --profile's)")
-    parser.add_argument("--batch-size", type=int, required=True,
+    parser.add_argument("--batch-size", type=positive_int, required=True,
                         help="samples per optimizer step of one worker: per rank for data "
                              "parallelism, micro-batch x micro-batches per step for a pipeline")
-    parser.add_argument("--micro-batch", type=int,
+    parser.add_argument("--micro-batch", type=positive_int,
                         help="samples per pipeline micro-batch (default: --batch-size); "
                              "divides --batch-size")
-    parser.add_argument("--workers", type=int, help="number of workers (with --bandwidth)")
+    parser.add_argument("--workers", type=positive_int, help="number of workers (with --bandwidth)")
     parser.add_argument("--topology",
                         help="levels innermost first, e.g. '4x[20GB/s], 2x[1Gbit]' (4 "
                              "workers per node, 2 nodes); instead of --workers/--bandwidth")
@@ -46,10 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers are GPUs whose copies to pinned host memory run at this "
                              "many GB/s: plans count staging activations, gradients and "
                              "all-reduces through the host (default: workers are CPUs)")
-    parser.add_argument("--staleness", type=int, default=1,
+    parser.add_argument("--staleness", type=positive_int, default=1,
                         help="K of replicated stages' all-reduce, as `pipesgd pipeline "
                              "--staleness` (default 1)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=positive_int, default=1,
                         help="torch threads while profiling (default 1)")
     parser.add_argument("--profile", metavar="FILE",
                         help="a per-layer profile JSON (from --profile-only) instead of "
@@ -69,16 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- inputs
 def _check(args: argparse.Namespace) -> None:
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.micro_batch is not None and (args.micro_batch < 1
-                                         or args.batch_size % args.micro_batch):
+    if args.micro_batch is not None and args.batch_size % args.micro_batch:
         raise ValueError(f"--micro-batch {args.micro_batch} must divide --batch-size "
                          f"{args.batch_size}, e.g. --batch-size 32 --micro-batch 8")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if args.staleness < 1:
-        raise ValueError(f"--staleness must be >= 1, got {args.staleness}")
     if args.profile and args.profile_only:
         raise ValueError("--profile reads a profile and --profile-only writes one: give one")
     if args.profile and (args.data or args.input_shape):
@@ -104,8 +98,6 @@ def _links_of(args: argparse.Namespace) -> Any:
     if args.topology and args.bandwidth:
         raise ValueError("give --topology or --bandwidth, not both (a topology's levels "
                          "carry their bandwidths, e.g. --topology '4x[20GB/s], 2x[1Gbit]')")
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.topology:
         topo = HierarchicalTopology.parse(args.topology)
         if args.workers is not None and args.workers != topo.num_workers:

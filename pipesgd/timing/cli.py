@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipesgd.cli import positive_int
 from pipesgd.device import add_device_argument, run_device
 from pipesgd.model_names import add_model_arguments, model_shape
 from pipesgd.timing.cluster import HOST_CPU_DEFAULTS
@@ -34,24 +35,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     m = sub.add_parser("measure", help="measure α, β, γ, S and kernel costs (under mpirun)")
     m.add_argument("--json", help="write the figures here (rank 0)")
-    m.add_argument("--repeats", type=int, default=20)
+    m.add_argument("--repeats", type=positive_int, default=20)
     add_device_argument(m)  # on a GPU, also the copy rate between it and the host (δ)
 
     for name, text in (("predict", "predict and rank every configuration"),
                        ("project", "iteration time and scaling efficiency for p = 2..256")):
         s = sub.add_parser(name, help=text)
         add_model_arguments(s)
-        s.add_argument("--batch-size", type=int, default=64, help="samples per rank")
+        s.add_argument("--batch-size", type=positive_int, default=64, help="samples per rank")
         s.add_argument("--profile", help="a profile JSON instead of profiling the model here")
-        s.add_argument("--threads", type=int, default=1,
+        s.add_argument("--threads", type=positive_int, default=1,
                        help="torch threads per rank while profiling (default 1)")
         s.add_argument("--speedup", type=float, default=None,
                        help="divide compute times by this (a faster device)")
         s.add_argument("--network", help="network JSON from `pipesgd timing measure`")
         s.add_argument("--bandwidth", help="link rate by hand, e.g. 10Gbit")
         s.add_argument("--latency", default="20us", help="one-way latency by hand, e.g. 20us")
-        s.add_argument("--cores", type=int, help="cores per host (default: this machine's)")
-        s.add_argument("--ranks-per-host", type=int,
+        s.add_argument("--cores", type=positive_int,
+                       help="cores per host (default: this machine's)")
+        s.add_argument("--ranks-per-host", type=positive_int,
                        help="ranks per host (default: 1 by hand, measured with --network)")
         s.add_argument("--host-gbps", type=float, help=HOST_GBPS_HELP)
         s.add_argument("--device-gbps", type=float,
@@ -61,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         s.add_argument("--json", help="write the predictions here")
     pr = sub.choices["predict"]
     pr.add_argument("-p", "--ranks", type=int, required=True, dest="p", help="number of ranks")
-    pr.add_argument("--segments", type=int, help="L allreduces per iteration (default: buckets)")
+    pr.add_argument("--segments", type=positive_int,
+                    help="L allreduces per iteration (default: buckets)")
     pr.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size (MiB)")
     pr.add_argument("--png", help="stacked-bar breakdown (default: next to --json)")
     pr.add_argument("--measured", help="measured iteration times (trainer JSONs) to compare")
@@ -77,10 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="a profile JSON for one benchmark instead of profiling it here "
                          "(repeatable); scaled linearly to the paper's batch if taken at "
                          "another, then divided by --speedup")
-    rp.add_argument("--profile-batch", type=int,
+    rp.add_argument("--profile-batch", type=positive_int,
                     help="batch per worker to profile at (default: the paper's, 8 for "
                          "AlexNet and ResNet-18); forward and backward scale linearly")
-    rp.add_argument("--threads", type=int, default=1,
+    rp.add_argument("--threads", type=positive_int, default=1,
                     help="torch threads while profiling (default 1)")
     rp.add_argument("--speedup", type=float, default=None,
                     help=f"divide compute times by this (default {GPU_SPEEDUP:g}, "
@@ -326,10 +329,6 @@ def _reproduce_paper(args: argparse.Namespace) -> int:
     speedup = GPU_SPEEDUP if args.speedup is None else args.speedup
     if not speedup > 0:
         raise ValueError(f"--speedup must be > 0, got {speedup:g}")
-    if args.profile_batch is not None and args.profile_batch < 1:
-        raise ValueError(f"--profile-batch must be >= 1, got {args.profile_batch}")
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     keys = [k.strip() for k in args.benchmarks.split(",") if k.strip()]
     for key in keys:
         benchmark(key)

@@ -41,8 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="digits (bundled with scikit-learn), synthetic, or a folder of "
                              "MNIST IDX files")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, default=5)
-    length.add_argument("--steps", type=int, help="train this many iterations instead")
+    length.add_argument("--epochs", type=positive_int, default=5)
+    length.add_argument("--steps", type=positive_int, help="train this many iterations instead")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="samples per rank")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     # None = not given: TrainConfig's default, or what --config auto chooses
-    parser.add_argument("--staleness", type=int,
+    parser.add_argument("--staleness", type=positive_int,
                         help="iteration dependency K: 1 = synchronous (D-Sync), 2 = Pipe-SGD "
                              "(default)")
     parser.add_argument("--compression", choices=COMPRESSIONS, help="default none")
