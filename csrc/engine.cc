@@ -301,6 +301,10 @@ void Engine::run_on_tuned_path(Operation& op) {
   }
   const PathTuner::Choice choice =
       tuner_.choose(op.count * dtype_size(op.dtype), op.compression != Compression::kNone);
+  if (choice.size_class < 0) {  // small or compressed: the links, untimed
+    ring_allreduce(*ctx_, workspace_, op, link_path_);
+    return;
+  }
   const auto start = std::chrono::steady_clock::now();
   if (choice.path == PathKind::kStaged) {
     staged_board_allreduce(*ctx_, *board_, *stage_, op, board_rounds_);
