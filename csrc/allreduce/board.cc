@@ -45,9 +45,12 @@ namespace {
 // Sums elements [begin, begin + len) of every rank's part of `buffer` (from byte
 // `offset`), in rank order, and writes the sums into every rank's part: block by block
 // through a buffer that stays in the core's cache, so each byte of memory is read once
-// and written once.
+// and written once. With `own_out`, this rank's (`me`) sums go there instead of into its
+// own part (staging: straight into the caller's array, which its part would only have
+// been copied back to).
 void reduce_into_every_part(const SharedBuffer& buffer, std::size_t offset, DType dtype,
-                            ReduceOp op, int ranks, std::size_t begin, std::size_t len) {
+                            ReduceOp op, int ranks, std::size_t begin, std::size_t len,
+                            int me = -1, unsigned char* own_out = nullptr) {
   constexpr std::size_t kBlockBytes = 16 * 1024;
   // Allocated (not bytes on the stack, so that it may hold any dtype), once per thread
   // that runs operations: the comm thread, or a caller running its own.
@@ -63,18 +66,24 @@ void reduce_into_every_part(const SharedBuffer& buffer, std::size_t offset, DTyp
     std::memcpy(block, part(0, at), n * elem);
     for (int q = 1; q < ranks; ++q) add_into(dtype, block, part(q, at), n);
     if (op == ReduceOp::kAverage) divide_by(dtype, block, n, ranks);
-    for (int q = 0; q < ranks; ++q) std::memcpy(part(q, at), block, n * elem);
+    for (int q = 0; q < ranks; ++q) {
+      unsigned char* out = q == me && own_out != nullptr ? own_out + (at - begin) * elem
+                                                         : part(q, at);
+      std::memcpy(out, block, n * elem);
+    }
   }
 }
 
 // What one round of the board reduces: `count` elements of `op`'s type, in place in
 // `shared`'s parts from byte `offset` when `shared` is set, else copied through the
-// slots from `data`.
+// slots from `data`. `staged_to`: `shared` is the stage and this rank's summed chunk goes
+// to the caller's array at this address (the piece's first element), not to its part.
 struct RoundData {
   std::size_t count = 0;
   unsigned char* data = nullptr;
   const SharedBuffer* shared = nullptr;
   std::size_t offset = 0;
+  unsigned char* staged_to = nullptr;
 };
 
 // One round: post, wait for every rank's post of the same operation, sum this rank's
@@ -125,7 +134,8 @@ void board_round(CommContext& ctx, ShmBoard& board, Operation& op, const RingHea
   const std::size_t begin = layout.chunk_begin(me) * elem;
   const std::size_t len = layout.chunk_len(me);
   if (in_place) {
-    reduce_into_every_part(*d.shared, d.offset, op.dtype, op.op, p, layout.chunk_begin(me), len);
+    reduce_into_every_part(*d.shared, d.offset, op.dtype, op.op, p, layout.chunk_begin(me), len,
+                           me, d.staged_to != nullptr ? d.staged_to + begin : nullptr);
   } else if (len > 0) {
     std::memcpy(d.data + begin, slot_data(0) + begin, len * elem);
     for (int q = 1; q < p; ++q) add_into(op.dtype, d.data + begin, slot_data(q) + begin, len);
@@ -179,13 +189,22 @@ void staged_board_allreduce(CommContext& ctx, ShmBoard& board, const SharedBuffe
   // Piece by piece: into this rank's part of the stage, reduced in place there, and back.
   // Every rank cuts the same pieces (the same count, the same stage), and the stage's
   // part is free again once every rank has posted its reduced chunk of the last piece.
+  // This rank sums its chunk of each piece straight into the piece (`staged_to`); the
+  // other chunks come back from its part.
+  const int p = board.ranks();
   std::size_t at = 0;
   do {  // once at least: an empty operation still meets its peers
     d.count = std::min(per_piece, op.count - at);
     unsigned char* piece = data + at * elem;
+    d.staged_to = piece;
     if (d.count > 0) std::memcpy(stage.mine(), piece, d.count * elem);
     board_round(ctx, board, op, mine, rounds++, d);
-    if (d.count > 0) std::memcpy(piece, stage.mine(), d.count * elem);
+    const RingLayout layout(d.count, p, board.rank(), 1);
+    for (int q = 0; q < p; ++q) {
+      if (q == board.rank() || layout.chunk_len(q) == 0) continue;
+      const std::size_t chunk = layout.chunk_begin(q) * elem;
+      std::memcpy(piece + chunk, stage.mine() + chunk, layout.chunk_len(q) * elem);
+    }
     at += d.count;
   } while (at < op.count);
 }

@@ -14,7 +14,8 @@
 // size once and writes it once.
 // A caller's array too large for the board's slots may be staged: copied piece by piece
 // into this rank's part of a shared buffer the engine keeps for it, reduced in place
-// there and copied back (docs/engine.md, "The caller's arrays, staged").
+// there (this rank's chunk summed straight into the array) and the other chunks copied
+// back (docs/engine.md, "The caller's arrays, staged").
 #pragma once
 
 #include <cstdint>
