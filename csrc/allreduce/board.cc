@@ -143,15 +143,20 @@ void board_round(CommContext& ctx, ShmBoard& board, Operation& op, const RingHea
     std::memcpy(slot_data(me) + begin, d.data + begin, len * elem);
   }
   board.post(round, ShmBoard::Stage::kReduced);
-  // Every other rank's reduced chunk: copied byte for byte, or already written in place.
+  // Every other rank's reduced chunk, as soon as it is posted: copied byte for byte from
+  // its slot, or, staged, back from this rank's part of the stage; in place already
+  // written.
   for (int q = 0; q < p; ++q) {
     if (q == me) continue;
     ctx.wait_on_bell(
         board, [&] { return board.posted(q, round, ShmBoard::Stage::kReduced); }, op, q,
         "waiting for its reduced chunk on the board");
-    if (const std::size_t n = layout.chunk_len(q); n > 0 && !in_place) {
-      const std::size_t chunk = layout.chunk_begin(q) * elem;
+    const std::size_t n = layout.chunk_len(q);
+    const std::size_t chunk = layout.chunk_begin(q) * elem;
+    if (n > 0 && !in_place) {
       std::memcpy(d.data + chunk, slot_data(q) + chunk, n * elem);
+    } else if (n > 0 && d.staged_to != nullptr) {
+      std::memcpy(d.staged_to + chunk, d.shared->mine() + d.offset + chunk, n * elem);
     }
   }
   board.finish_reading(round + 1);
@@ -186,12 +191,11 @@ void staged_board_allreduce(CommContext& ctx, ShmBoard& board, const SharedBuffe
   auto* data = static_cast<unsigned char*>(op.data);
   RoundData d;
   d.shared = &stage;
-  // Piece by piece: into this rank's part of the stage, reduced in place there, and back.
-  // Every rank cuts the same pieces (the same count, the same stage), and the stage's
-  // part is free again once every rank has posted its reduced chunk of the last piece.
-  // This rank sums its chunk of each piece straight into the piece (`staged_to`); the
-  // other chunks come back from its part.
-  const int p = board.ranks();
+  // Piece by piece: into this rank's part of the stage, reduced in place there, and back
+  // (`staged_to`: this rank's chunk summed straight into the piece, the others copied from
+  // its part as their owners post them). Every rank cuts the same pieces (the same count,
+  // the same stage), and the stage's part is free again once every rank has posted its
+  // reduced chunk of the last piece.
   std::size_t at = 0;
   do {  // once at least: an empty operation still meets its peers
     d.count = std::min(per_piece, op.count - at);
@@ -199,12 +203,6 @@ void staged_board_allreduce(CommContext& ctx, ShmBoard& board, const SharedBuffe
     d.staged_to = piece;
     if (d.count > 0) std::memcpy(stage.mine(), piece, d.count * elem);
     board_round(ctx, board, op, mine, rounds++, d);
-    const RingLayout layout(d.count, p, board.rank(), 1);
-    for (int q = 0; q < p; ++q) {
-      if (q == board.rank() || layout.chunk_len(q) == 0) continue;
-      const std::size_t chunk = layout.chunk_begin(q) * elem;
-      std::memcpy(piece + chunk, stage.mine() + chunk, layout.chunk_len(q) * elem);
-    }
     at += d.count;
   } while (at < op.count);
 }
