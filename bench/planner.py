@@ -10,7 +10,8 @@ MLP and the CNN of `pipesgd pipeline`:
    once (`action_times_beside_others`) and profiles it as `pipesgd pipeline --plan auto`
    does (`calibrated_profile`): layer by layer on rank 0 (one thread, the run's
    micro-batch, scaled to that run) while the other ranks sleep, charged what a round of
-   it replicated on every rank (`replicated_round_s`) and the data-parallel
+   it replicated on every rank (`replicated_round_s`), the pipeline of one stage per rank
+   the chooser offers (`pipeline_micro_batch_s`) and the data-parallel
    configuration the timing model ranks first (`data_parallel_iteration_s`, about two
    seconds) took beyond their models;
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
@@ -129,15 +130,9 @@ def select_plans(prof: Any, topo: Any, net: Any, workers: int, micro_batch: int,
 
 
 # --------------------------------------------------------------------------- runs
-def steady_rate(ends: list[float], micro_batch: int) -> float:
-    """Samples/s between the first and last quarter of the first stage's backwards."""
-    ends = sorted(ends)
-    a, b = len(ends) // 4, len(ends) - 1 - len(ends) // 4
-    return (b - a) * micro_batch / (ends[b] - ends[a])
-
-
 def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches: int) -> float:
     from pipesgd.pipeline import Pipeline, Plan
+    from pipesgd.pipeline.runtime import steady_micro_batch_s
 
     plan = Plan.from_dict(plan_dict)
     pipe = Pipeline(spec, plan, comm, lr=0.01, seed=0)
@@ -147,7 +142,8 @@ def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches
     ends = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
         if pipe.stage_id == 0 else []
     pipe.close()
-    return steady_rate([t for mine in comm.allgather(ends) for t in mine], plan.micro_batch)
+    return plan.micro_batch / steady_micro_batch_s(
+        [t for mine in comm.allgather(ends) for t in mine])
 
 
 def worker(args: argparse.Namespace) -> int:

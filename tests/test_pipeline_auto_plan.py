@@ -8,7 +8,13 @@ import sys
 from mpirun import run_mpi
 
 from pipesgd.pipeline.plan import Plan
-from pipesgd.planner import HierarchicalTopology, ModelProfile, choose, fit_replica_overhead
+from pipesgd.planner import (
+    HierarchicalTopology,
+    ModelProfile,
+    choose,
+    fit_pipeline_overhead,
+    fit_replica_overhead,
+)
 
 RUN = ("-m", "pipesgd.cli", "pipeline", "--model", "mlp", "--data", "digits", "--plan", "auto",
        "--epochs", "1", "--steps", "10", "--no-progress")
@@ -55,13 +61,21 @@ def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
     level, = auto["topology"]["levels"]
     assert level["count"] == 2 and level["bandwidth"] > 0
     assert auto["measured_samples_per_s"] > 0
-    # the profile carries a real round of the model replicated on both ranks, and the
-    # charge fitted to it on this topology
+    # the profile carries a real run of the pipeline of one stage per rank the chooser
+    # offers, and the charge per micro-batch fitted to it on this topology (first: the
+    # replicated round below is simulated with it)
     prof = ModelProfile.from_dict(auto["profile"])
+    topo = HierarchicalTopology.from_dict(auto["topology"])
+    straight = prof.extra["pipeline_run"]
+    plan = Plan.from_dict(straight["plan"])
+    assert [s.replicas for s in plan.stages] == [1, 1] and straight["measured_s"] > 0
+    unfitted = dataclasses.replace(prof, stage_excess_s=0.0, replica_s_per_byte=0.0)
+    assert fit_pipeline_overhead(unfitted, topo, plan, straight["measured_s"]) \
+        .stage_excess_s == prof.stage_excess_s
+    # a real round of the model replicated on both ranks, and its charge
     measured = prof.extra["replica_round"]
     assert measured["replicas"] == 2 and measured["measured_s"] > 0, measured
-    refit = fit_replica_overhead(dataclasses.replace(prof, replica_s_per_byte=0.0),
-                                 HierarchicalTopology.from_dict(auto["topology"]),
+    refit = fit_replica_overhead(dataclasses.replace(prof, replica_s_per_byte=0.0), topo,
                                  measured["measured_s"], 2)
     assert refit.replica_s_per_byte == prof.replica_s_per_byte
     # and a real run of the data-parallel configuration the timing model ranked first,

@@ -223,3 +223,15 @@ def test_per_stage_in_flight_round_trips_and_caps(tmp_path):
     assert Plan.load(tmp_path / "plan.json") == plan
     assert plan.at_depth(2).stage_in_flight == (2, 2, 1)
     assert straight(3).at_depth(2).in_flight == 2
+
+
+def test_the_steady_state_leaves_out_a_quarter_at_each_end():
+    from pipesgd.pipeline.runtime import steady_micro_batch_s
+
+    # a slow start and a slow drain around micro-batches every 2 s, in any order
+    ends = [0.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 40.0]
+    assert steady_micro_batch_s(ends[::-1]) == 2.0
+    # several replicas of the first stage: their ends interleave
+    assert steady_micro_batch_s([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == 1.0
+    with pytest.raises(ValueError, match="at least 4 backwards"):
+        steady_micro_batch_s([1.0, 2.0, 3.0])

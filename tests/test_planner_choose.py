@@ -73,6 +73,82 @@ def test_data_parallel_wins_when_activations_are_heavy_and_matches_the_timing_mo
         choice.explanation
 
 
+def test_the_straight_pipeline_wins_where_pipedreams_replicas_wait_for_their_ring():
+    """Two layers of 2 and 4 ms with 15 MB of weights each on 2 workers at 100 Gbit/s.
+    PipeDream's objective overlaps a replicated stage's all-reduce (4.8 ms) with its
+    compute (6 ms) and replicates the whole model: 3 ms per micro-batch against the
+    straight pipeline's 4. The runtime (and the simulator) all-reduces after the
+    backward: (6 + 2.4) / 2 = 4.2 ms, so one stage per worker is faster."""
+    prof = ModelProfile.from_columns([2e-3 / 3, 4e-3 / 3], [4e-3 / 3, 8e-3 / 3],
+                                     [1e3] * 2, [15 * MB] * 2, batch_size=8)
+    topo = "2x[100Gbit]"
+    choice = choose(prof, topo, batch_size=8)
+    families = by_family(choice)
+    replicated = families["pipedream"].plan
+    assert [(s.start, s.end, s.replicas) for s in replicated.stages] == [(0, 2, 2)]
+    straight = families["straight"]
+    assert [(s.start, s.end, s.replicas) for s in straight.plan.stages] == \
+        [(0, 1, 1), (1, 2, 1)]
+    assert straight.samples_per_s == pytest.approx(
+        simulate(straight.plan, prof, topo).samples_per_s)
+    assert straight.samples_per_s > 1.03 * families["pipedream"].samples_per_s
+    assert choice.best.family == "straight" and choice.best_pipeline is straight
+    assert "straight wins" in choice.explanation
+
+
+def test_the_straight_pipeline_is_cut_where_the_simulator_predicts_fastest():
+    """PipeDream replicates this model of light weights on every worker; the straight
+    candidate is the fastest of every 4-stage cut of its 7 uneven layers, as a brute
+    force finds it (within REFINE_GAIN of it)."""
+    import itertools
+
+    from pipesgd.pipeline.plan import Plan, StagePlan
+
+    prof = ModelProfile.from_columns([1e-3, 3e-3, 1e-3, 2e-3, 1e-3, 4e-3, 1e-3],
+                                     [2e-3, 6e-3, 2e-3, 4e-3, 2e-3, 8e-3, 2e-3],
+                                     [4e5, 1e5, 3e5, 2e4, 5e5, 1e5, 1e3], [1e3] * 7,
+                                     batch_size=8)
+    topo = "4x[1Gbit]"
+    families = by_family(choose(prof, topo, batch_size=8))
+    assert [s.replicas for s in families["pipedream"].plan.stages] == [4]
+    straight = families["straight"]
+    rates = []
+    for cut in itertools.combinations(range(1, 7), 3):
+        b = (0, *cut, 7)
+        plan = Plan(tuple(StagePlan(x, y) for x, y in itertools.pairwise(b)), micro_batch=8)
+        rates.append(simulate(plan, prof, topo).samples_per_s)
+    assert straight.samples_per_s == pytest.approx(max(rates), rel=0.011)  # REFINE_GAIN
+    assert all(s.replicas == 1 for s in straight.plan.stages)
+
+
+def test_no_straight_candidate_where_pipedream_plans_that_shape_or_layers_are_few():
+    # heavy_weights: PipeDream's plan is one stage per worker already
+    assert "straight" not in by_family(choose(heavy_weights(), "4x[1Gbit]", batch_size=8))
+    # fewer layers than workers: no pipeline of one stage per worker
+    prof = ModelProfile.from_columns([1e-3] * 2, [2e-3] * 2, [1e9] * 2, [1e3] * 2,
+                                     batch_size=8)
+    assert "straight" not in by_family(choose(prof, "4x[1Gbit]", batch_size=8))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_balanced_cut_minimizes_the_largest_stage(seed):
+    import itertools
+    import random
+
+    from pipesgd.planner.choose import _balanced_bounds
+
+    rng = random.Random(seed)
+    compute = [rng.uniform(0.1, 5.0) for _ in range(9)]
+    for stages in (1, 2, 3, 5, 9):
+        bounds = _balanced_bounds(compute, stages)
+        assert bounds[0] == 0 and bounds[-1] == 9 and len(bounds) == stages + 1
+        assert all(a < b for a, b in itertools.pairwise(bounds))
+        best = min(max(sum(compute[a:b]) for a, b in itertools.pairwise((0, *c, 9)))
+                   for c in itertools.combinations(range(1, 9), stages - 1))
+        assert max(sum(compute[a:b]) for a, b in itertools.pairwise(bounds)) == \
+            pytest.approx(best)
+
+
 def test_data_parallel_profile_sums_the_layers():
     prof = heavy_weights()
     dp = data_parallel_profile(prof, 16)  # twice the profiled batch

@@ -7,7 +7,13 @@ import math
 import pytest
 
 from pipesgd.pipeline.plan import Plan, StagePlan
-from pipesgd.planner import ModelProfile, fit_replica_overhead, simulate, stored_activations
+from pipesgd.planner import (
+    ModelProfile,
+    fit_pipeline_overhead,
+    fit_replica_overhead,
+    simulate,
+    stored_activations,
+)
 from pipesgd.planner.simulate import _TokenBucket
 from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
@@ -615,3 +621,47 @@ def test_the_replica_excess_round_trips_through_json_and_is_checked():
     assert ModelProfile.from_dict(older).replica_s_per_byte == 0.0
     with pytest.raises(ValueError, match="replica_s_per_byte"):
         dataclasses.replace(prof, replica_s_per_byte=-1e-10)
+
+
+# ------------------------------------------------------------ a pipeline stage's excess
+def test_every_stage_pays_the_stage_excess_per_micro_batch():
+    # Two stages of F = 1, B = 2 on free links: each stage is busy 3 per micro-batch in
+    # the steady state; with 0.5 of excess per micro-batch on each, 3.5.
+    prof = chain([1.0, 1.0], [2.0, 2.0])
+    plan = Plan((StagePlan(0, 1), StagePlan(1, 2)), micro_batch=4)
+    assert simulate(plan, prof, "2x[1000Gbit]").time_per_micro_batch_s == pytest.approx(3.0)
+    charged = dataclasses.replace(prof, stage_excess_s=0.5)
+    assert simulate(plan, charged, "2x[1000Gbit]").time_per_micro_batch_s == \
+        pytest.approx(3.5)
+    # a stage of two layers pays it once per micro-batch, not per layer
+    one = Plan((StagePlan(0, 2),), micro_batch=4)
+    assert simulate(one, charged, "1x[1000Gbit]").time_per_micro_batch_s == \
+        pytest.approx(6.5)
+
+
+def test_the_stage_excess_is_fitted_to_a_measured_pipeline():
+    prof = chain([1.0, 1.0], [2.0, 2.0])
+    plan = Plan((StagePlan(0, 1), StagePlan(1, 2)), micro_batch=4)
+    fitted = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, micro_batch_s=3.5)
+    assert fitted.stage_excess_s == pytest.approx(0.5, rel=1e-6)
+    run = fitted.extra["pipeline_run"]
+    assert Plan.from_dict(run["plan"]) == plan
+    assert run["measured_s"] == 3.5 and run["simulated_without_s"] == pytest.approx(3.0)
+    # far beyond the first guess on two shared cores of one host, where both stages'
+    # work runs at once: the simulation reproduces the measured time
+    topo = HierarchicalTopology((Level(2, 1e15),), shared_cores=SharedCores(1, 2))
+    slow = fit_pipeline_overhead(prof, topo, plan, micro_batch_s=20.0)
+    assert simulate(plan, slow, topo).time_per_micro_batch_s == pytest.approx(20.0, rel=1e-6)
+    # a run faster than its simulation: nothing to add
+    assert fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 2.0).stage_excess_s == 0.0
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 0.0)
+
+
+def test_the_stage_excess_round_trips_through_json_and_is_checked():
+    prof = dataclasses.replace(chain([1.0], [2.0]), stage_excess_s=1.5e-3)
+    assert ModelProfile.from_dict(prof.to_dict()).stage_excess_s == 1.5e-3
+    older = {k: v for k, v in prof.to_dict().items() if k != "stage_excess_s"}
+    assert ModelProfile.from_dict(older).stage_excess_s == 0.0
+    with pytest.raises(ValueError, match="stage_excess_s"):
+        dataclasses.replace(prof, stage_excess_s=-1e-3)

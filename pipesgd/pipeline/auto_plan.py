@@ -51,7 +51,7 @@ class AutoPlan:
 
     Attributes:
         plan: the best pipeline's plan (`PlanChoice.best_pipeline`), run by every rank.
-        planner: the family that planned it ("pipedream" or "madpipe").
+        planner: the family that planned it ("pipedream", "madpipe" or "straight").
         predicted_samples_per_s: its simulated throughput.
         choice: the family ranked first (may be "data-parallel").
         explanation: the chooser's sentence on the winner against the runner-up.
@@ -185,16 +185,23 @@ def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
     """`model`'s layer profile as the planner ranks on it, the same on every rank
     (collective): rank 0 profiles it at `micro` samples on `device` (scaled to `whole`,
     the model's run beside the other ranks); where ranks compute on the CPU, every rank
-    then runs a round of it replicated on every rank and the data-parallel configuration
-    the timing model ranks first at `batch` samples (on `measured`, else `topology`'s
-    network), and the profile is charged what each took beyond its model
-    (`planner.calibrate`). `errors` raised on rank 0 are raised on every rank."""
-    from pipesgd.planner.calibrate import fit_data_parallel_overhead, fit_replica_overhead
-    from pipesgd.planner.choose import data_parallel_pick
+    then runs the pipeline of one stage per rank the chooser offers
+    (`planner.straight_pipeline`), a round of the model replicated on every rank and the
+    data-parallel configuration the timing model ranks first at `batch` samples (on
+    `measured`, else `topology`'s network), and the profile is charged what each took
+    beyond its model (`planner.calibrate`). `errors` raised on rank 0 are raised on every
+    rank."""
+    from pipesgd.planner.calibrate import (
+        fit_data_parallel_overhead,
+        fit_pipeline_overhead,
+        fit_replica_overhead,
+    )
+    from pipesgd.planner.choose import data_parallel_pick, straight_pipeline
     from pipesgd.planner.profile import profile_layer_model
+    from pipesgd.planner.simulate import simulate
     from pipesgd.polling import decided_on_root
 
-    from .runtime import data_parallel_iteration_s, replicated_round_s
+    from .runtime import data_parallel_iteration_s, pipeline_micro_batch_s, replicated_round_s
 
     workers = comm.Get_size()
     on_cpus = whole is not None and (device is None or device.type == "cpu")
@@ -203,11 +210,23 @@ def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
     def profiled() -> tuple[Any, Any]:
         prof = profile_layer_model(model, name, micro, threads=1, device=device,
                                    whole=whole)
-        if round_s is not None:
-            prof = fit_replica_overhead(prof, topology, round_s, workers)
-        return prof, data_parallel_pick(prof, topology, batch, measured).config
+        straight = straight_pipeline(prof, workers, micro,
+                                     lambda plan: simulate(plan, prof, topology))
+        return prof, straight
 
-    prof, config = decided_on_root(comm, profiled, errors)
+    prof, straight = decided_on_root(comm, profiled, errors)
+    micro_batch_s = (pipeline_micro_batch_s(comm, model, straight)
+                     if on_cpus and straight is not None else None)
+
+    def fitted() -> tuple[Any, Any]:
+        out = prof
+        if micro_batch_s is not None:  # first: the replicated round is simulated with it
+            out = fit_pipeline_overhead(out, topology, straight, micro_batch_s)
+        if round_s is not None:
+            out = fit_replica_overhead(out, topology, round_s, workers)
+        return out, data_parallel_pick(out, topology, batch, measured).config
+
+    prof, config = decided_on_root(comm, fitted, errors)
     iteration_s = data_parallel_iteration_s(
         comm, model, batch, staleness=config.staleness, compression=config.compression,
         overlap=config.overlap) if on_cpus else None

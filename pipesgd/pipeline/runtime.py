@@ -644,6 +644,62 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     return statistics.median(seconds)
 
 
+def steady_micro_batch_s(ends: Sequence[float]) -> float:
+    """Seconds per micro-batch in a pipeline's steady state, from when the first stage's
+    backwards ended (every replica's, in any order): between the end of the first quarter
+    and the start of the last, so the startup and the drain stay out, as the planner's
+    simulator counts it.
+
+    Raises:
+        ValueError: fewer than 4 ends."""
+    if len(ends) < 4:
+        raise ValueError(f"a steady state needs at least 4 backwards, got {len(ends)}")
+    ends = sorted(ends)
+    a, b = len(ends) // 4, len(ends) - 1 - len(ends) // 4
+    return (ends[b] - ends[a]) / (b - a)
+
+
+def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
+                           budget_s: float = 2.0) -> float | None:
+    """Seconds per micro-batch of `plan` run on the ranks of `comm`, in its steady state
+    (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of at least 4
+    micro-batches per rank (more where they fit in `budget_s`); the median epoch's. The
+    same on every rank, None on a single rank. On the CPU with one torch thread, as the
+    profile runs.
+
+    The pipeline counterpart of `replicated_round_s`: where ranks share cores a stage's
+    micro-batch costs more than its profiled layers and the runtime's measured overhead
+    (the next stage's activations arrive from another process's memory, several
+    micro-batches' saved tensors share the caches, every stage's thread wants a core),
+    and the planner charges what this run took beyond its simulation to every stage of
+    every plan (`planner.fit_pipeline_overhead`). Collective.
+
+    Raises:
+        PlanError: a plan for another number of ranks or layers (`Pipeline`'s checks)."""
+    size = comm.Get_size()
+    if size < 2:
+        return None
+    micro = plan.micro_batch
+    with torch_threads(1):
+        pipe = Pipeline(model, plan, comm, lr=1e-4)
+        try:
+            warm = pipe.train_epoch(_random_micro_batches(model, micro, 4 * size), 0)
+            # epochs' seconds are the slowest rank's, so every rank picks the same count
+            fit = int(budget_s / CALIBRATION_RUNS / max(warm.seconds / (4 * size), 1e-9))
+            data = _random_micro_batches(model, micro, max(4 * size, fit))
+            seconds = []
+            for run in range(CALIBRATION_RUNS):
+                pipe.timeline.clear()
+                pipe.train_epoch(data, 1 + run)
+                mine = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
+                    if pipe.stage_id == 0 else []
+                seconds.append(steady_micro_batch_s(
+                    [t for ends in comm.allgather(mine) for t in ends]))
+        finally:
+            pipe.close()
+    return statistics.median(seconds)
+
+
 def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
                               staleness: int = 2, compression: str = "none",
                               overlap: str = "sequential", steps: int = 24,

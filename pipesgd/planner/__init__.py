@@ -18,13 +18,14 @@ Modules: profile (LayerProfile, ModelProfile, profile, and profile_layer_model: 
 and bandwidths, the cores workers share), pipedream (the hierarchical DP with replicated
 stages), madpipe (1F1B* activation counts and the memory-aware DP), simulate (the
 runtime's schedule of a plan, timed: samples/s, bubbles, peak memory), choose
-(PipeDream, MadPipe or data parallelism, ranked by predicted samples/s within a memory
-budget), calibrate (what a replicated round and a data-parallel iteration cost beyond
-the models, fitted to real runs), cli (`pipesgd plan`).
+(PipeDream, MadPipe, one stage per worker or data parallelism, ranked by predicted
+samples/s within a memory budget), calibrate (what a pipeline's micro-batch, a replicated
+round and a data-parallel iteration cost beyond the models, fitted to real runs), cli
+(`pipesgd plan`).
 """
 
-from .calibrate import fit_data_parallel_overhead, fit_replica_overhead
-from .choose import Candidate, PlanChoice, choose
+from .calibrate import fit_data_parallel_overhead, fit_pipeline_overhead, fit_replica_overhead
+from .choose import Candidate, PlanChoice, choose, straight_pipeline
 from .madpipe import (
     MadPipeResult,
     madpipe,
@@ -53,6 +54,7 @@ __all__ = [
     "StageReport",
     "choose",
     "fit_data_parallel_overhead",
+    "fit_pipeline_overhead",
     "fit_replica_overhead",
     "from_network",
     "madpipe",
@@ -65,5 +67,6 @@ __all__ = [
     "smallest_budget",
     "stage_memory",
     "stored_activations",
+    "straight_pipeline",
     "to_plan",
 ]

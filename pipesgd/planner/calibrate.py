@@ -1,9 +1,13 @@
 """Charges fitted to real runs: what ranks sharing cores lose beyond the models' account.
 
-Two short runs on every rank (`pipesgd pipeline --plan auto`, `bench/planner.py`) are
+Three short runs on every rank (`pipesgd pipeline --plan auto`, `bench/planner.py`) are
 set beside their predictions, and each excess becomes a charge the models then apply to
 every candidate of its family:
 
+- `fit_pipeline_overhead`: the pipeline of one stage per rank the chooser offers
+  (`planner.straight_pipeline`, `pipeline.runtime.pipeline_micro_batch_s`) against the
+  simulator, charged as CPU work per micro-batch to every stage of every plan
+  (`ModelProfile.stage_excess_s`);
 - `fit_replica_overhead`: a round of the whole model replicated on every rank
   (`pipeline.runtime.replicated_round_s`) against the simulator, charged per weight byte
   to every replicated stage's hand-off to the ring (`ModelProfile.replica_s_per_byte`);
@@ -13,7 +17,8 @@ every candidate of its family:
   (`ModelProfile.step_excess_s`).
 
 Each charge is the smallest that makes the model as slow as the run; 0 where the model is
-that slow already.
+that slow already. The pipeline's is fitted first: the replicated round is simulated with
+it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,36 @@ def _charge_reaching(model_s: Callable[[float], float], measured_s: float,
 def _check_seconds(name: str, value: float) -> None:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
+                          plan: Plan, micro_batch_s: float) -> ModelProfile:
+    """`profile` with the `stage_excess_s` that makes the simulator time a micro-batch of
+    `plan` on `topology` as a real run of it took (`micro_batch_s`, in the steady state:
+    `pipeline.runtime.pipeline_micro_batch_s`); 0 where the simulation is that slow
+    already. The plan, the measured and the simulated seconds go in
+    `extra["pipeline_run"]`.
+
+    On shared cores a stage's micro-batch costs more than its layers as the profile ran
+    them and the runtime's own time: the activations arrive from another process, the
+    saved tensors of several micro-batches in flight share the caches, every stage's
+    thread wants a core. Charged as CPU work per micro-batch to every stage, it grows
+    with the stages a plan has, as the loss does (`bench/planner.py`; BENCHMARKS.md).
+
+    Raises:
+        ValueError: a time that is not a positive number of seconds.
+    """
+    _check_seconds("micro_batch_s", micro_batch_s)
+
+    def per_micro_batch(excess: float) -> float:
+        return simulate(plan, replace(profile, stage_excess_s=excess),
+                        topology).time_per_micro_batch_s
+
+    unfitted = per_micro_batch(0.0)
+    excess = _charge_reaching(per_micro_batch, micro_batch_s, micro_batch_s - unfitted)
+    return replace(profile, stage_excess_s=excess, extra={
+        **profile.extra, "pipeline_run": {"plan": plan.to_dict(), "measured_s": micro_batch_s,
+                                          "simulated_without_s": unfitted}})
 
 
 def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
@@ -126,4 +161,4 @@ def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopo
             "predicted_without_s": unfitted}})
 
 
-__all__ = ["fit_data_parallel_overhead", "fit_replica_overhead"]
+__all__ = ["fit_data_parallel_overhead", "fit_pipeline_overhead", "fit_replica_overhead"]

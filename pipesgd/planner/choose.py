@@ -1,11 +1,11 @@
-"""Choosing how to train on a cluster: PipeDream's plan, MadPipe's plan or data parallelism,
-ranked by predicted samples/s under a memory budget.
+"""Choosing how to train on a cluster: PipeDream's plan, MadPipe's plan, a pipeline of one
+stage per worker or data parallelism, ranked by predicted samples/s under a memory budget.
 
     ranked = choose(prof, "4x[1Gbit]", "2GiB", batch_size=32)
     print(ranked.explanation)
     ranked.best.plan            # a pipesgd.pipeline Plan, or None for data parallelism
 
-The three families, each predicted by the model that knows how it runs:
+The four families, each predicted by the model that knows how it runs:
 
 - pipedream: `pipedream()`'s stages and replicas (schedule 1f1b-rr where a stage is
   replicated), cut where `simulate` on the topology predicts fastest
@@ -15,6 +15,12 @@ The three families, each predicted by the model that knows how it runs:
   `stage_in_flight`), timed by `simulate`. On a hierarchy MadPipe plans one level of all
   the workers at the slowest bandwidth (it knows one level only); the simulation then
   uses the real topology.
+- straight: one stage per worker, none replicated (1F1B), cut where `simulate` predicts
+  fastest (`straight_pipeline`), timed by `simulate`; offered where PipeDream's plan is
+  not that shape already. PipeDream's objective overlaps a replicated stage's all-reduce
+  with its backward (PipeDream's wait-free rule), where the runtime all-reduces after
+  the round's last backward: on fast links it replicates stages the straight pipeline
+  runs faster without.
 - data-parallel: every worker holds the whole model; `pipesgd.timing.model.choose` ranks
   staleness x compression x overlap on a network from the topology's slowest level (a
   flat ring crosses it), or `dp_network`. Its profile is the per-layer profile's totals
@@ -43,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipesgd.pipeline.plan import Plan
+from pipesgd.pipeline.plan import Plan, StagePlan
 from pipesgd.timing.cluster import describe_cluster
 from pipesgd.timing.model import Prediction
 from pipesgd.timing.model import choose as choose_data_parallel
@@ -56,7 +62,7 @@ from .profile import ModelProfile
 from .simulate import SimulationResult, batch_scale, simulate
 from .topology import HierarchicalTopology, Level, as_topology, parse_bytes
 
-FAMILIES = ("data-parallel", "pipedream", "madpipe")  # ties go to the earlier one
+FAMILIES = ("data-parallel", "pipedream", "madpipe", "straight")  # ties: the earlier one
 DP_CORES_PER_WORKER = 2  # a worker's compute thread and the engine's comm thread, each on a
 # core of its own: the timing model without contention, as the simulator assumes workers
 TIE = 1e-9
@@ -393,6 +399,53 @@ def _pipedream(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: i
     return _pipeline("pipedream", plan, run, budget, topo.num_workers)
 
 
+def _balanced_bounds(compute: list[float], stages: int) -> list[int]:
+    """Stage boundaries (0, ..., n) of `stages` contiguous non-empty stages that minimize
+    the largest stage's compute (a tie keeps the earlier cut)."""
+    n = len(compute)
+    prefix = [0.0, *itertools.accumulate(compute)]
+    # worst[k][j]: the least largest stage over the first j layers in k stages
+    worst = [[math.inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    worst[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                w = max(worst[k - 1][i], prefix[j] - prefix[i])
+                if w < worst[k][j]:
+                    worst[k][j], cut[k][j] = w, i
+    bounds = [n]
+    for k in range(stages, 0, -1):
+        bounds.append(cut[k][bounds[-1]])
+    return bounds[::-1]
+
+
+def straight_pipeline(profile: ModelProfile, workers: int, micro_batch: int,
+                      run: Callable[[Plan], SimulationResult],
+                      micro_batches_per_step: int = 1) -> Plan | None:
+    """The pipeline of one stage per worker, none replicated (1F1B), cut where `run`
+    predicts fastest: `refine_boundaries` from the cut that balances the layers' compute.
+    None where the model has fewer layers than `workers`."""
+    if not 1 < workers <= profile.num_layers:
+        return None
+    bounds = _balanced_bounds(profile.column("compute_s"), workers)
+    plan = Plan(tuple(StagePlan(a, b, 1) for a, b in itertools.pairwise(bounds)),
+                schedule="1f1b", micro_batch=micro_batch,
+                micro_batches_per_step=micro_batches_per_step,
+                extra={"planner": "straight"})
+    return refine_boundaries(plan, run)
+
+
+def _straight(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int,
+              steps: int, run: Callable[[Plan], SimulationResult], budget: float | None,
+              pipedream_plan: Plan | None) -> Candidate | None:
+    n = topo.num_workers
+    if pipedream_plan is not None and pipedream_plan.num_stages == n:
+        return None  # PipeDream's plan is one stage per worker already
+    plan = straight_pipeline(profile, n, micro_batch, run, steps)
+    return None if plan is None else _pipeline("straight", plan, run, budget, n)
+
+
 def _madpipe(profile: ModelProfile, topo: HierarchicalTopology, micro_batch: int,
              steps: int, run: Callable[[Plan], SimulationResult],
              budget: float | None) -> Candidate:
@@ -429,7 +482,8 @@ def choose(
     dp_network: NetworkParams | None = None,
     staleness: int = 1,
 ) -> PlanChoice:
-    """Rank PipeDream's plan, MadPipe's plan and data parallelism by predicted samples/s.
+    """Rank PipeDream's plan, MadPipe's plan, the straight pipeline and data parallelism by
+    predicted samples/s.
 
     Args:
         profile: per-layer figures (`pipesgd.planner.profile`), at any batch size.
@@ -464,10 +518,13 @@ def choose(
     def run(plan: Plan) -> SimulationResult:
         return simulate(plan, profile, topo, staleness=staleness)
 
+    pipedream_candidate = _pipedream(profile, topo, micro, steps, run, budget)
+    straight = _straight(profile, topo, micro, steps, run, budget, pipedream_candidate.plan)
     candidates = [
         _data_parallel(profile, topo, batch_size, dp_network, budget),
-        _pipedream(profile, topo, micro, steps, run, budget),
+        pipedream_candidate,
         _madpipe(profile, topo, micro, steps, run, budget),
+        *([straight] if straight is not None else []),
     ]
     fitting = [c for c in candidates if c.fits]
     excluded = tuple(c for c in candidates if not c.fits)
@@ -520,4 +577,5 @@ __all__ = [
     "data_parallel_profile",
     "format_bytes",
     "refine_boundaries",
+    "straight_pipeline",
 ]

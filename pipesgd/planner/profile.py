@@ -94,6 +94,10 @@ class ModelProfile:
         step_excess_s: what a data-parallel iteration costs each worker beyond the
             timing model's account of it, in seconds of CPU work per iteration (fitted to
             a real run by `planner.fit_data_parallel_overhead`; 0: none measured).
+        stage_excess_s: what a pipeline stage's micro-batch costs beyond its layers, the
+            runtime's own time and its messages, in seconds of CPU work per micro-batch
+            (fitted to a real run of a pipeline by `planner.fit_pipeline_overhead`; 0:
+            none measured).
     """
 
     layers: tuple[LayerProfile, ...]
@@ -105,6 +109,7 @@ class ModelProfile:
     cold_s_per_byte: float = 0.0
     replica_s_per_byte: float = 0.0
     step_excess_s: float = 0.0
+    stage_excess_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

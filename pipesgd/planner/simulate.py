@@ -7,7 +7,8 @@ this simulation repeats in passing), one action at a time:
     F, B     busy for the stage's forward / backward time: the sum of its layers' times in
              the profile, times micro_batch / profile.batch_size; the last stage's
              forward adds the loss (`loss_s`, scaled alike), every forward the
-             runtime's own time per micro-batch (`stage_overhead_s`), and a forward
+             runtime's own time per micro-batch (`stage_overhead_s`) and what a real
+             pipeline run took beyond the simulation (`stage_excess_s`), and a forward
              that takes a new stashed version of the weights their copy (`copy_s`)
     SF, SB   free (the runtime's sends are non-blocking); the message's header arrives
              one latency later, and the payload's first `eager_bytes` (the level's: the
@@ -262,7 +263,7 @@ def _stage_costs(plan: Plan, profile: ModelProfile) -> list[_StageCost]:
         loss = k * profile.loss_s if sp.end == len(layers) else 0.0
         out.append(_StageCost(
             forward_s=k * sum(lp.forward_s for lp in mine) + loss
-            + profile.stage_overhead_s,
+            + profile.stage_overhead_s + profile.stage_excess_s,
             backward_s=k * sum(lp.backward_s for lp in mine),
             update_s=sum(lp.update_s for lp in mine),
             copy_s=sum(lp.copy_s for lp in mine),

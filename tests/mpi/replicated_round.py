@@ -1,19 +1,21 @@
 """`replicated_round_s`: every rank a replica of the whole model; each gets the same
 seconds per update round, which cover at least the round's forward, backward and step;
 None on a single rank; fewer rounds where they would exceed the budget. The same of
-`data_parallel_iteration_s` (the whole model under `DistributedOptimizer`).
+`data_parallel_iteration_s` (the whole model under `DistributedOptimizer`) and of
+`pipeline_micro_batch_s` (one stage per rank).
 
 Run: mpirun -n 2 python tests/mpi/replicated_round.py
 """
 
 import dataclasses
+import itertools
 import time
 
 import torch
 from mpi4py import MPI
 
 from pipesgd.optim import DistributedOptimizer
-from pipesgd.pipeline import models, runtime
+from pipesgd.pipeline import Plan, PlanError, StagePlan, models, runtime
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -57,6 +59,32 @@ each = runtime.replicated_round_s(comm, model, 32, rounds=16, budget_s=1e9)
 assert each == (3.0 + 4.0) / 2 / 4, each  # 16 rounds in 4 epochs of 4
 runtime.Pipeline.train_epoch = train_epoch
 
+# a pipeline of one stage per rank: the same seconds per micro-batch on every rank, at
+# least its slowest stage's share of the model's work and less than the model's work on
+# one rank times the ranks that share the cores
+layers = model.num_layers
+cut = [round(i * layers / size) for i in range(size + 1)]
+straight = Plan(tuple(StagePlan(a, b) for a, b in itertools.pairwise(cut)),
+                        micro_batch=32)
+micro_s = runtime.pipeline_micro_batch_s(comm, model, straight)
+every = comm.allgather(micro_s)
+assert all(m == every[0] for m in every), every
+assert micro_s is not None and alone.total_s / size / 2 < micro_s < 50 * alone.total_s, \
+    (micro_s, alone)
+assert runtime.pipeline_micro_batch_s(MPI.COMM_SELF, model, straight) is None
+epochs.clear()
+runtime.Pipeline.train_epoch = counted
+assert runtime.pipeline_micro_batch_s(comm, model, straight, budget_s=0.0) > 0
+assert epochs == [4 * size] * 5, epochs  # warm-up, then the least: four of 4 per rank
+runtime.Pipeline.train_epoch = train_epoch
+too_many = Plan((StagePlan(0, layers, size + 1),), schedule="1f1b-rr", micro_batch=32)
+try:
+    runtime.pipeline_micro_batch_s(comm, model, too_many)
+except PlanError as err:
+    assert "ranks" in str(err), err
+else:
+    raise AssertionError("a plan for another number of ranks ran")
+
 # data parallelism: the same iteration on every rank, at least the plain loop's
 net = model.build(seed=0)
 sgd = torch.optim.SGD(net.parameters(), lr=1e-4)
@@ -95,5 +123,6 @@ assert len(steps) == 3 + 4, steps  # three of warm-up, then the least: 4 runs of
 DistributedOptimizer.step = step
 if rank == 0:
     print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms, data-parallel "
-          f"iteration {dp_s * 1e3:.3f} ms (F + B + U alone {alone.total_s * 1e3:.3f} ms "
+          f"iteration {dp_s * 1e3:.3f} ms, a micro-batch of {size} stages "
+          f"{micro_s * 1e3:.3f} ms (F + B + U alone {alone.total_s * 1e3:.3f} ms "
           f"of CPU, the plain loop {plain * 1e3:.3f} ms); OK", flush=True)
