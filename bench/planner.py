@@ -17,9 +17,10 @@ MLP and the CNN of `pipesgd pipeline`:
 2. enumerates every plan on all p ranks: each way of giving the ranks to consecutive
    stages (replica counts summing to p) times each contiguous cut of the layers, 1F1B
    (1F1B-RR where a stage is replicated); per replica shape it keeps the `--per-shape`
-   cuts `pipesgd.planner.simulate` predicts fastest, and adds the chooser's pick
-   (`pipesgd.planner.choose`: PipeDream's plan, or data parallelism with its
-   configuration) if it is not among them;
+   cuts `pipesgd.planner.simulate` predicts fastest, and adds the candidate of every
+   family the chooser ranks (`pipesgd.planner.choose`: data parallelism with the
+   configuration the timing model ranks first, PipeDream's plan, the straight pipeline)
+   if it is not among them, so the pick is measured beside each;
 3. runs every kept plan for real, in rounds (each plan once per round, `--rounds`), and
    takes the steady-state samples/s as the simulator does: micro-batches completed by
    the first stage between the end of the startup and the start of the drain (data
@@ -97,7 +98,8 @@ def describe(plan: Any) -> str:
 
 def select_plans(prof: Any, topo: Any, net: Any, workers: int, micro_batch: int,
                  per_shape: int) -> tuple[list[dict], dict]:
-    """Per replica shape the `per_shape` fastest predicted cuts, and the chooser's pick."""
+    """Per replica shape the `per_shape` fastest predicted cuts, and the candidate of every
+    family the chooser ranks (so its pick is judged against each); the pick's label."""
     from pipesgd.planner import choose, simulate
 
     by_shape: dict[tuple[int, ...], list[tuple[float, Any]]] = {}
@@ -110,23 +112,26 @@ def select_plans(prof: Any, topo: Any, net: Any, workers: int, micro_batch: int,
         kept += [{"plan": p.to_dict(), "label": describe(p), "predicted": r}
                  for r, p in ranked[:per_shape]]
     choice = choose(prof, topo, batch_size=micro_batch, dp_network=net)
-    best = choice.best
-    if best.plan is None:
-        pred = best.prediction
-        pick = {"label": f"data parallel {pred.config.label}", "predicted": best.samples_per_s,
-                "data_parallel": {"staleness": pred.config.staleness,
-                                  "compression": pred.config.compression,
-                                  "overlap": pred.config.overlap}}
-        kept.append(pick)
-    else:
-        label = describe(best.plan)
-        pick = next((k for k in kept if k["label"] == label), None)
-        if pick is None:
-            pick = {"plan": best.plan.to_dict(), "label": label,
-                    "predicted": best.samples_per_s}
-            kept.append(pick)
-    return kept, {"label": pick["label"], "family": best.family,
+    labels = {k["label"] for k in kept}
+    for candidate in choice.ranked:
+        row = candidate_row(candidate)
+        if row["label"] not in labels:
+            labels.add(row["label"])
+            kept.append(row)
+    return kept, {"label": candidate_row(choice.best)["label"], "family": choice.best.family,
                   "explanation": choice.explanation}
+
+
+def candidate_row(candidate: Any) -> dict:
+    """A plan row of the chooser's candidate: a pipeline's plan, or data parallelism's
+    configuration."""
+    if candidate.plan is not None:
+        return {"plan": candidate.plan.to_dict(), "label": describe(candidate.plan),
+                "predicted": candidate.samples_per_s}
+    config = candidate.prediction.config
+    return {"label": f"data parallel {config.label}", "predicted": candidate.samples_per_s,
+            "data_parallel": {"staleness": config.staleness,
+                              "compression": config.compression, "overlap": config.overlap}}
 
 
 # --------------------------------------------------------------------------- runs

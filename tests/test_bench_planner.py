@@ -1,5 +1,6 @@
 """bench/planner.py's scenarios: which command each name runs, and a clear error for a
-name it cannot read (before any launch)."""
+name it cannot read (before any launch); the plans it runs: every family's candidate
+beside the enumerated cuts."""
 
 from __future__ import annotations
 
@@ -36,3 +37,27 @@ def test_links_run_under_the_emulator_with_their_bucket(scenario, netem) -> None
 def test_a_bad_scenario_says_how_to_write_one(scenario) -> None:
     with pytest.raises(ValueError, match="LINK-pRANKS"):
         planner.scenario_command(scenario, INNER)
+
+
+def test_every_family_the_chooser_ranks_is_run_beside_the_cuts() -> None:
+    """A model whose PipeDream plan replicates its one stage on 4 workers (light weights,
+    heavy activations): data parallelism, PipeDream's plan and the straight pipeline are
+    all measured, each once, and the pick is one of them."""
+    from pipesgd.planner import ModelProfile, choose
+    from pipesgd.planner.topology import HierarchicalTopology
+
+    prof = ModelProfile.from_columns([1e-3, 3e-3, 1e-3, 2e-3, 1e-3],
+                                     [2e-3, 6e-3, 2e-3, 4e-3, 2e-3],
+                                     [4e5, 1e5, 3e5, 2e4, 1e3], [1e3] * 5, batch_size=8)
+    topo = HierarchicalTopology.parse("4x[1Gbit]")
+    kept, pick = planner.select_plans(prof, topo, None, 4, 8, per_shape=1)
+    labels = [k["label"] for k in kept]
+    assert len(labels) == len(set(labels))
+    ranked = choose(prof, topo, batch_size=8).ranked
+    assert {c.family for c in ranked} == {"data-parallel", "pipedream", "straight"}
+    for candidate in ranked:
+        row = planner.candidate_row(candidate)
+        assert row["label"] in labels, (row, labels)
+    assert any(k.get("data_parallel") for k in kept)
+    assert pick["label"] == planner.candidate_row(ranked[0])["label"]
+    assert pick["family"] == ranked[0].family
