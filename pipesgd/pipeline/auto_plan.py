@@ -210,13 +210,14 @@ def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
     def profiled() -> tuple[Any, Any]:
         prof = profile_layer_model(model, name, micro, threads=1, device=device,
                                    whole=whole)
-        straight = straight_pipeline(prof, workers, micro,
-                                     lambda plan: simulate(plan, prof, topology))
-        return prof, straight
+        if not on_cpus:  # the straight pipeline is planned here only to run it
+            return prof, None
+        return prof, straight_pipeline(prof, workers, micro,
+                                       lambda plan: simulate(plan, prof, topology))
 
     prof, straight = decided_on_root(comm, profiled, errors)
     micro_batch_s = (pipeline_micro_batch_s(comm, model, straight)
-                     if on_cpus and straight is not None else None)
+                     if straight is not None else None)
 
     def fitted() -> tuple[Any, Any]:
         out = prof

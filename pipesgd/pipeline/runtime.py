@@ -660,10 +660,10 @@ def steady_micro_batch_s(ends: Sequence[float]) -> float:
 
 
 def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
-                           budget_s: float = 2.0) -> float | None:
+                           budget_s: float = 2.0, per_rank: int = 16) -> float | None:
     """Seconds per micro-batch of `plan` run on the ranks of `comm`, in its steady state
-    (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of at least 4
-    micro-batches per rank (more where they fit in `budget_s`); the median epoch's. The
+    (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of 4 to `per_rank`
+    micro-batches per rank (as many as fit in `budget_s`); the median epoch's. The
     same on every rank, None on a single rank. On the CPU with one torch thread, as the
     profile runs.
 
@@ -685,8 +685,8 @@ def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
         try:
             warm = pipe.train_epoch(_random_micro_batches(model, micro, 4 * size), 0)
             # epochs' seconds are the slowest rank's, so every rank picks the same count
-            fit = int(budget_s / CALIBRATION_RUNS / max(warm.seconds / (4 * size), 1e-9))
-            data = _random_micro_batches(model, micro, max(4 * size, fit))
+            fit = int(budget_s / CALIBRATION_RUNS / max(warm.seconds / 4, 1e-9))
+            data = _random_micro_batches(model, micro, size * max(4, min(per_rank, fit)))
             seconds = []
             for run in range(CALIBRATION_RUNS):
                 pipe.timeline.clear()

@@ -76,6 +76,9 @@ epochs.clear()
 runtime.Pipeline.train_epoch = counted
 assert runtime.pipeline_micro_batch_s(comm, model, straight, budget_s=0.0) > 0
 assert epochs == [4 * size] * 5, epochs  # warm-up, then the least: four of 4 per rank
+epochs.clear()
+assert runtime.pipeline_micro_batch_s(comm, model, straight, budget_s=1e9, per_rank=6) > 0
+assert epochs == [4 * size] + [6 * size] * 4, epochs  # the most: `per_rank` each
 runtime.Pipeline.train_epoch = train_epoch
 too_many = Plan((StagePlan(0, layers, size + 1),), schedule="1f1b-rr", micro_batch=32)
 try:
