@@ -148,7 +148,7 @@ def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches
         if pipe.stage_id == 0 else []
     pipe.close()
     return plan.micro_batch / steady_micro_batch_s(
-        [t for mine in comm.allgather(ends) for t in mine])
+        [t for mine in comm.allgather(ends) for t in mine], plan.cycle)
 
 
 def worker(args: argparse.Namespace) -> int:

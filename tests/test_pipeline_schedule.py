@@ -231,7 +231,13 @@ def test_the_steady_state_leaves_out_a_quarter_at_each_end():
     # a slow start and a slow drain around micro-batches every 2 s, in any order
     ends = [0.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 40.0]
     assert steady_micro_batch_s(ends[::-1]) == 2.0
-    # several replicas of the first stage: their ends interleave
-    assert steady_micro_batch_s([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) == 1.0
-    with pytest.raises(ValueError, match="at least 4 backwards"):
+    # four replicas of the first stage in step: four ends 0.1 apart every 2 s. Counted
+    # over whole cycles of 4, 2 s per 4 micro-batches; from a cluster's first end to
+    # another's last it would read 31 micro-batches in 14.3 s, 13 % fast
+    clustered = [2.0 * r + 0.1 * i for r in range(16) for i in range(4)]
+    assert steady_micro_batch_s(clustered, cycle=4) == pytest.approx(0.5)
+    assert steady_micro_batch_s(clustered) == pytest.approx(14.3 / 31)
+    with pytest.raises(ValueError, match="too few backwards"):
         steady_micro_batch_s([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="cycles of 4"):
+        steady_micro_batch_s(clustered[:6], cycle=4)

@@ -251,6 +251,13 @@ class Plan:
             return self.in_flight
         return math.ceil(self.world_size / self.stages[0].replicas)
 
+    @property
+    def cycle(self) -> int:
+        """Micro-batches after which the schedule repeats: every stage's replicas take
+        their turns (round-robin) and update rounds end together. A steady rate counted
+        over whole cycles does not depend on where in a cycle the count starts."""
+        return self.micro_batches_per_step * math.lcm(*(s.replicas for s in self.stages))
+
     def first_rank(self, stage: int) -> int:
         return sum(s.replicas for s in self.stages[:stage])
 

@@ -644,18 +644,23 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     return statistics.median(seconds)
 
 
-def steady_micro_batch_s(ends: Sequence[float]) -> float:
+def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
     """Seconds per micro-batch in a pipeline's steady state, from when the first stage's
-    backwards ended (every replica's, in any order): between the end of the first quarter
-    and the start of the last, so the startup and the drain stay out, as the planner's
-    simulator counts it.
+    backwards ended (every replica's, in any order): from the end of the first quarter
+    over whole cycles of `cycle` micro-batches (`Plan.cycle`) up to the start of the last
+    quarter, so the startup and the drain stay out, as the planner's simulator counts
+    it. Whole cycles, because replicas that work in step end their backwards in
+    clusters: a count from a cluster's first end to another's last would count a
+    cluster more than the time it spans.
 
     Raises:
-        ValueError: fewer than 4 ends."""
-    if len(ends) < 4:
-        raise ValueError(f"a steady state needs at least 4 backwards, got {len(ends)}")
+        ValueError: too few ends for a cycle between the quarters."""
     ends = sorted(ends)
     a, b = len(ends) // 4, len(ends) - 1 - len(ends) // 4
+    b = a + (b - a) // cycle * cycle
+    if a == 0 or b <= a:
+        raise ValueError(f"too few backwards ({len(ends)}) for a steady state of whole "
+                         f"cycles of {cycle} micro-batches between the quarters")
     return (ends[b] - ends[a]) / (b - a)
 
 
@@ -694,7 +699,7 @@ def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
                 mine = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
                     if pipe.stage_id == 0 else []
                 seconds.append(steady_micro_batch_s(
-                    [t for ends in comm.allgather(mine) for t in ends]))
+                    [t for ends in comm.allgather(mine) for t in ends], plan.cycle))
         finally:
             pipe.close()
     return statistics.median(seconds)

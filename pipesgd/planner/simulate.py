@@ -528,7 +528,7 @@ class _Memory:
 
 def _window_sizes(plan: Plan) -> tuple[int, int]:
     """(micro-batches per cycle, cycles to skip for the startup and keep for the drain)."""
-    cycle = plan.micro_batches_per_step * math.lcm(*(s.replicas for s in plan.stages))
+    cycle = plan.cycle
     admitted = (plan.micro_batches_per_step if plan.schedule == "gpipe"
                 else plan.noam * plan.stages[0].replicas)
     settle = math.ceil((2 * admitted + 2 * plan.world_size) / cycle)
