@@ -137,18 +137,15 @@ def candidate_row(candidate: Any) -> dict:
 # --------------------------------------------------------------------------- runs
 def run_pipeline(comm: Any, spec: Any, plan_dict: dict, data: Any, micro_batches: int) -> float:
     from pipesgd.pipeline import Pipeline, Plan
-    from pipesgd.pipeline.runtime import steady_micro_batch_s
 
     plan = Plan.from_dict(plan_dict)
     pipe = Pipeline(spec, plan, comm, lr=0.01, seed=0)
     pipe.train_epoch(data, 0, max_micro_batches=2 * plan.world_size)  # warm-up
     pipe.timeline.clear()
     pipe.train_epoch(data, 1, max_micro_batches=micro_batches)
-    ends = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
-        if pipe.stage_id == 0 else []
+    rate = plan.micro_batch / pipe.steady_micro_batch_s()
     pipe.close()
-    return plan.micro_batch / steady_micro_batch_s(
-        [t for mine in comm.allgather(ends) for t in mine], plan.cycle)
+    return rate
 
 
 def worker(args: argparse.Namespace) -> int:

@@ -498,6 +498,16 @@ class Pipeline:
         states = self.comm.allgather(mine) if root is None else self.comm.gather(mine, root)
         return None if states is None else {k: v for s in states for k, v in s.items()}
 
+    def steady_micro_batch_s(self) -> float:
+        """Seconds per micro-batch of the epochs the timeline holds (since it was last
+        cleared), in their steady state: `steady_micro_batch_s` of the first stage's
+        backwards on every replica, over whole cycles of the plan. The same on every
+        rank; collective."""
+        mine = [t1 for _, kind, _, _, t1 in self.timeline.events if kind == "B"] \
+            if self.stage_id == 0 else []
+        return steady_micro_batch_s([t for ends in self.comm.allgather(mine) for t in ends],
+                                    self.plan.cycle)
+
     def close(self) -> None:
         """Release the communicators and the engine of a replicated stage."""
         self.sync.shutdown()
@@ -696,10 +706,7 @@ def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
             for run in range(CALIBRATION_RUNS):
                 pipe.timeline.clear()
                 pipe.train_epoch(data, 1 + run)
-                mine = [t1 for _, kind, _, _, t1 in pipe.timeline.events if kind == "B"] \
-                    if pipe.stage_id == 0 else []
-                seconds.append(steady_micro_batch_s(
-                    [t for ends in comm.allgather(mine) for t in ends], plan.cycle))
+                seconds.append(pipe.steady_micro_batch_s())
         finally:
             pipe.close()
     return statistics.median(seconds)
