@@ -409,6 +409,9 @@ def run(args: argparse.Namespace) -> None:
                 # Times the path watch sent this size back to its trials (path_tuner.h;
                 # a window ending on a size's last operation is judged at the next's).
                 record["retrials"] = engine.path_retrials - retrials_before
+                # What the kept path was decided on: each path's last timed trials.
+                size_class = 1 << (nbytes.bit_length() - 1)
+                record["trials"] = engine.operation_trials.get(size_class, {})
             records.append(record)
             rows.append(row)
     if rank == 0 and args.record:

@@ -239,6 +239,27 @@ PYBIND11_MODULE(_C, m) {
              for (const auto& [bytes, path] : decided) d[py::int_(bytes)] = path_name(path);
              return d;
            })
+      .def("tuned_trials",
+           [](Engine& e) {
+             std::map<std::size_t, PathTuner::PathTrials> trials;
+             {
+               py::gil_scoped_release release;  // waits for a running operation
+               trials = e.tuned_trials();
+             }
+             py::dict d;
+             for (const auto& [bytes, per_path] : trials) {
+               py::dict paths;
+               for (int k = 0; k < kPathKinds; ++k) {
+                 const auto& seconds = per_path[static_cast<std::size_t>(k)];
+                 if (seconds.empty()) continue;
+                 py::list runs;
+                 for (double t : seconds) runs.append(t);
+                 paths[path_name(static_cast<PathKind>(k))] = runs;
+               }
+               d[py::int_(bytes)] = paths;
+             }
+             return d;
+           })
       .def_property_readonly("comm_cpu", &Engine::comm_cpu)
       .def_property_readonly("config", [](const Engine& e) { return config_dict(e.config()); })
       .def_property_readonly(

@@ -274,6 +274,11 @@ std::map<std::size_t, PathKind> Engine::tuned_paths() {
   return tuner_.decided();
 }
 
+std::map<std::size_t, PathTuner::PathTrials> Engine::tuned_trials() {
+  std::lock_guard<std::mutex> exec(exec_mutex_);
+  return tuner_.last_trials();
+}
+
 int Engine::path_watch_retrials() {
   std::lock_guard<std::mutex> exec(exec_mutex_);
   return tuner_.watch_retrials();

@@ -97,6 +97,8 @@ class Engine {
   // far, its smallest size in bytes and the path kept. Empty when not tuned. Waits for
   // a running operation.
   std::map<std::size_t, PathKind> tuned_paths();
+  // The agreed seconds of each decided class's last trials, per path (path_tuner.h).
+  std::map<std::size_t, PathTuner::PathTrials> tuned_trials();
   // How often a watched path fell behind and its class ran its trials early.
   int path_watch_retrials();
   // The CPU the comm thread is bound to, or -1 (thread_sched.h: bind_comm_thread).

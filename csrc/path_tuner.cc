@@ -154,6 +154,7 @@ void PathTuner::decide(int size_class, const TrialTimes& agreed) {
     s.retune_after = kRetuneSoon;
   }
   s.decided = s.ever_decided = true;
+  s.last_trials = agreed;
   s.since_decided = 0;
   s.path = fastest;
   s.marks = {};
@@ -169,6 +170,19 @@ std::map<std::size_t, PathKind> PathTuner::decided() const {
   std::map<std::size_t, PathKind> out;
   for (const auto& [k, state] : classes_) {
     if (state.ever_decided) out[std::size_t{1} << k] = state.path;
+  }
+  return out;
+}
+
+std::map<std::size_t, PathTuner::PathTrials> PathTuner::last_trials() const {
+  std::map<std::size_t, PathTrials> out;
+  for (const auto& [k, state] : classes_) {
+    if (!state.ever_decided) continue;
+    PathTrials& per_path = out[std::size_t{1} << k];
+    for (int j = 0; j < candidates(k).size() * kTimedPerPath; ++j) {
+      per_path[static_cast<std::size_t>(timed_path(k, j))].push_back(
+          state.last_trials[static_cast<std::size_t>(j)]);
+    }
   }
   return out;
 }

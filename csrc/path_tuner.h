@@ -54,6 +54,7 @@
 #include <array>
 #include <cstddef>
 #include <map>
+#include <vector>
 
 namespace pipesgd {
 
@@ -128,6 +129,11 @@ class PathTuner {
   // The decided classes: 2^k (bytes) and the path kept (the last decision, while the
   // class runs its trials again).
   std::map<std::size_t, PathKind> decided() const;
+  // The agreed seconds of each decided class's last timed trials, per candidate in the
+  // order they ran (empty for a path that is not a candidate): what the last decision
+  // was taken on, to tell a pick the machine made from one the trials' noise made.
+  using PathTrials = std::array<std::vector<double>, kPathKinds>;
+  std::map<std::size_t, PathTrials> last_trials() const;
 
  private:
   struct ClassState {
@@ -139,6 +145,7 @@ class PathTuner {
     int retune_after = kRetuneFirst;  // operations from this decision to the next trials
     PathKind path = PathKind::kLinks;
     std::array<double, kPathKinds> per_operation{};  // each candidate's mean trial time
+    TrialTimes last_trials{};  // the agreed seconds the last decision was taken on
     int watch_every = kWatched;  // operations per watch window (watch_window, at decide())
   };
   // Operations per watch window of a decided class (the same on every rank: the agreed

@@ -208,6 +208,15 @@ class Engine:
         return {int(b): str(path) for b, path in self._engine.tuned_paths().items()}
 
     @property
+    def operation_trials(self) -> dict[int, dict[str, list[float]]]:
+        """The trials behind `operation_paths`: per size class decided so far, the
+        seconds of its last timed trials on each path it tried, in the order they ran,
+        from the last rank's start to the last rank's end (the same on every rank). Waits
+        for an operation that is running."""
+        return {int(b): {str(path): [float(t) for t in runs] for path, runs in paths.items()}
+                for b, paths in self._engine.tuned_trials().items()}
+
+    @property
     def path_retrials(self) -> int:
         """How often the watch over a size class's kept path found it behind another
         path's last trials and ran the trials again early (csrc/path_tuner.h). Waits for

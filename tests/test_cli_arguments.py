@@ -19,6 +19,7 @@ from pipesgd.pipeline.plan import Plan, StagePlan
     (["train", "--staleness", "0"], "argument --staleness: expected an integer >= 1, got '0'"),
     (["train", "--steps", "0"], "argument --steps: expected an integer >= 1"),
     (["pipeline", "--epochs", "0"], "argument --epochs: expected an integer >= 1"),
+    (["pipeline", "--schedule", "async", "--t1", "0"], "argument --t1: expected an integer >= 1"),
     (["plan", "--batch-size", "8", "--threads", "-1"], "argument --threads: expected an integer"),
     (["plan", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
     (["plan", "--batch-size", "8", "--workers", "0"], "argument --workers: expected an integer"),

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe", "async"),
                         help="override the plan's schedule; async: PipeMare, one copy of "
                         "the weights, each backward on the weights current then")
-    parser.add_argument("--t1", type=int, metavar="K",
+    parser.add_argument("--t1", type=positive_int, metavar="K",
                         help="async: PipeMare's T1, each stage's learning rate divided by "
                         "its delay to a power annealed from 1 to 0 over K steps")
     parser.add_argument("--t2", type=float, metavar="D",

@@ -87,6 +87,12 @@ int main() {
     const auto decided = tuner.decided();
     EXPECT(decided.size() == 1 && decided.count(4 * kMiB) == 1 && decided.at(4 * kMiB) == M,
            "decided() names the 4 MiB class");
+    const auto trials = tuner.last_trials();
+    EXPECT(trials.size() == 1 && trials.count(4 * kMiB) == 1, "last_trials() names it too");
+    const PathTuner::PathTrials& runs = trials.at(4 * kMiB);
+    EXPECT((runs[0] == std::vector<double>{2.0, 2.0}) &&
+               (runs[1] == std::vector<double>{1.0, 1.0}) && runs[2].empty(),
+           "each candidate's timed runs, in the order they ran; none for a non-candidate");
   }
   {
     PathTuner tuner;

@@ -42,13 +42,22 @@ for nbytes, dtype, op in SIZES:
     engine.allreduce(np.ones(nbytes // 4, np.float32), compression="quant8")
 
 paths = engine.operation_paths
+trials = engine.operation_trials
 if mode == "tuned":
     assert set(paths) == {1 << 20, 2 << 20, 4 << 20, 8 << 20}, paths
     assert set(paths.values()) <= {"links", "messages", "staged"}, paths
     assert paths[1 << 20] != "messages", "messages are not tried below 4 MiB"
+    # Each decided class shows the trials it was decided on: two timed runs of every
+    # candidate (messages from 4 MiB), each a positive time.
+    assert set(trials) == set(paths), (trials, paths)
+    for size_class, runs in trials.items():
+        assert ("messages" in runs) == (size_class >= 4 << 20), (size_class, runs)
+        assert paths[size_class] in runs, (size_class, runs)
+        assert all(len(t) == 2 and min(t) > 0 for t in runs.values()), (size_class, runs)
 else:  # PIPESGD_SHM_LINKS=1: one path for every size
-    assert paths == {}, paths
+    assert paths == {} and trials == {}, (paths, trials)
 assert len(set(map(str, comm.allgather(sorted(paths.items()))))) == 1, "ranks chose differently"
+assert len(set(map(str, comm.allgather(sorted(trials.items()))))) == 1, "ranks timed differently"
 retrials = comm.allgather(engine.path_retrials)
 assert len(set(retrials)) == 1, f"ranks watched differently: {retrials}"
 engine.shutdown()
