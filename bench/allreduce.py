@@ -327,8 +327,13 @@ def engine_path(engine, nbytes: int) -> str:
         return "board"
     if not engine.shm_links:
         return "messages"
-    size_class = 1 << (nbytes.bit_length() - 1)  # operations are tuned per power of two
-    return engine.operation_paths.get(size_class, "links")
+    return engine.operation_paths.get(size_class(nbytes), "links")
+
+
+def size_class(nbytes: int) -> int:
+    """The tuner's size class of an operation of `nbytes`: operations are tuned per
+    power of two, each class named by its smallest size."""
+    return 1 << (nbytes.bit_length() - 1)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -410,8 +415,7 @@ def run(args: argparse.Namespace) -> None:
                 # a window ending on a size's last operation is judged at the next's).
                 record["retrials"] = engine.path_retrials - retrials_before
                 # What the kept path was decided on: each path's last timed trials.
-                size_class = 1 << (nbytes.bit_length() - 1)
-                record["trials"] = engine.operation_trials.get(size_class, {})
+                record["trials"] = engine.operation_trials.get(size_class(nbytes), {})
             records.append(record)
             rows.append(row)
     if rank == 0 and args.record:
