@@ -237,6 +237,42 @@ def test_pipe_sgd_hides_nothing_where_the_comm_threads_alone_take_the_cores():
     assert sum(mid.breakdown.values()) == pytest.approx(mid.predicted_s)
 
 
+def test_dsync_buckets_beside_backward_share_the_cores():
+    # 4 ranks on 2 cores; 4 buckets ready at 1/4 .. 4/4 of backward (stretched x2 to
+    # 40 ms), each ring about 1.7 ms: the first three end beside backward, the last after.
+    pr = prof()
+    light = net(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=1e-11)
+    ovl = predict(pr, light, 4, staleness=1, overlap="backward", segments=4)
+    W, cpu = ovl.comm_s, ovl.details["comm_cpu_s"]
+    assert ovl.details["unshared_fraction"] == 0.0
+    # compute and the three buckets' CPU share the two cores, then the last bucket runs
+    # with no compute beside it: more than the host's CPU work spread over its cores
+    expected = 4 * (0.035 + 0.75 * cpu) / 2 + W / 4
+    assert expected > 4 * (0.035 + cpu) / 2 and expected > ovl.compute_s + W / 4
+    assert ovl.predicted_s == pytest.approx(expected)
+    assert ovl.details["cpu_bound_s"] == pytest.approx(expected)
+    assert ovl.bound == "cpu" and "CPU work" in ovl.reason
+    assert sum(ovl.breakdown.values()) == pytest.approx(ovl.predicted_s)
+    # comm threads that alone keep the cores busy do not overlap backward: the buckets
+    # run as if after it, as Pipe-SGD's allreduce does beside compute (or slower, where
+    # their CPU, more than the cores give them in their own time, binds)
+    busy = net(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=6e-10, load_latency_s=2e-3)
+    ovl = predict(pr, busy, 4, staleness=1, overlap="backward", segments=4)
+    assert ovl.details["unshared_fraction"] == 1.0
+    serial = ovl.compute_s + ovl.comm_s + 2e-3
+    assert ovl.predicted_s == pytest.approx(max(serial, ovl.details["cpu_bound_s"]))
+    assert ovl.predicted_s >= serial and ovl.bound == "cpu"
+    half = predict(pr, dataclasses.replace(busy, beta_cpu_s_per_byte=4e-10), 4,
+                   staleness=1, overlap="backward", segments=4)
+    assert 0.0 < half.details["unshared_fraction"] < 1.0
+    assert half.predicted_s > half.details["cpu_bound_s"]
+    assert "does not overlap" in half.reason
+    assert sum(ovl.breakdown.values()) == pytest.approx(ovl.predicted_s)
+    # with a core per thread nothing of this applies (test above)
+    free = predict(pr, net(), 4, staleness=1, overlap="backward", segments=4)
+    assert free.details["unshared_fraction"] == 0.0
+
+
 @pytest.mark.parametrize("p, waits", [(2, False), (3, True), (4, True)])
 def test_d_sync_waits_for_a_core_only_when_the_ranks_that_left_take_them_all(p, waits):
     # p ranks of one compute thread each on 2 cores: the p - 1 ranks that leave the

@@ -50,13 +50,17 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   of a host keep u = R W_cpu / (C W) of its cores busy. Beside R t compute threads their
   fair share is 1 / (t + 1) of the cores; the part of their demand beyond it,
   f = (u - 1/(t+1)) / (1 - 1/(t+1)), does not overlap with compute: Pipe-SGD's iteration
-  is f of the way from the overlapped one above to D-Sync's compute + W + λ_load. (TCP
-  links without a token bucket, 2 ranks per core: the kernel's packet work keeps the
-  cores busy while the ring runs alone, u 0.7-1.0, and Pipe-SGD ran level with D-Sync;
+  is f of the way from the overlapped one above to D-Sync's compute + W + λ_load, and
+  D-Sync + overlap's f of the way to its buckets run after backward. (TCP links without
+  a token bucket, 2 ranks per core: the kernel's packet work keeps the cores busy while
+  the ring runs alone, u 0.7-1.0, and Pipe-SGD ran level with D-Sync;
   docs/timing_model.md.)
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
-  waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). Pipe-SGD +
+  waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). On shared
+  cores it is also bounded by the CPU work beside backward, R (t compute + the comm
+  CPU of the buckets' part beside it) / C, plus the tail after backward, which runs
+  with no compute beside it (docs/timing_model.md). Pipe-SGD +
   overlap is eq. 6; its compute side is the whole l_up + l_for + l_back (the compute
   thread still runs the whole backward pass; eq. 6 writes only the first segment l_b).
 * Kernels behind the wire (`ring_allreduce_cost`): the engine reduces segment i of a
@@ -563,8 +567,11 @@ def predict(
     # Pipe-SGD's allreduce runs after compute).
     cores_taken = (R - 1) * t + 1 > C
     last_step_wait = network.load_latency_s if p > 1 and cores_taken else 0.0
-    unshared = unshared_fraction(total.cpu, comm_wall, R, C, t) if staleness > 1 else 0.0
-    serialized = False  # Pipe-SGD's iteration set by the part of its allreduce unshared
+    # what of the allreduce beside compute runs as if after it (Pipe-SGD, and D-Sync's
+    # buckets beside backward)
+    overlaps = staleness > 1 or overlap == "backward"
+    unshared = unshared_fraction(total.cpu, comm_wall, R, C, t) if overlaps else 0.0
+    serialized = False  # the iteration set by the part of its allreduce unshared
     if staleness == 1:
         # The link idled from the last allreduce until the first bucket leaves.
         idle = (update + l_for + buckets[0][1] * l_back) * s_comp
@@ -587,11 +594,25 @@ def predict(
         loaded = comm_wall + last_step_wait
         breakdown["contention"] = contention_compute + last_step_wait
         iteration = compute_wall + tail + last_step_wait
-        # Overlapping with backward shares cores with compute: never beat the CPU work.
-        if overlap == "backward" and cpu_bound > iteration:
-            breakdown["contention"] += cpu_bound - iteration
-            iteration = cpu_bound
-        bound = "communication" if comm_wall > compute_wall else "compute"
+        if overlap == "backward":
+            # Buckets beside backward share the cores with compute: never beat the CPU
+            # work of what runs beside it, and the tail after it, with no compute beside
+            # it, adds its whole time.
+            cpu_bound = R * (t * compute_work + total.cpu * (1 - share)) / C \
+                + tail + last_step_wait
+            # The comm threads' demand beyond their fair share does not overlap, as for
+            # Pipe-SGD: f of the way to the buckets run after backward.
+            serial = compute_wall + comm_wall - burst_s + last_step_wait
+            overlapped = max(iteration, cpu_bound)
+            slowest = max(overlapped, unshared * serial + (1 - unshared) * overlapped)
+            serialized = slowest > overlapped
+            breakdown["contention"] += slowest - iteration
+            shares_cores = slowest > iteration
+            iteration = slowest
+        else:
+            shares_cores = False
+        bound = "cpu" if shares_cores else \
+            "communication" if comm_wall > compute_wall else "compute"
     else:
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
                                      sum(core_wait_seconds(c, network) for c in costs))
