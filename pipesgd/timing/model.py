@@ -268,6 +268,13 @@ def unshared_fraction(comm_cpu_s: float, comm_wall_s: float, ranks: int, cores: 
     return min(1.0, max(0.0, (busy - fair) / (1.0 - fair)))
 
 
+def toward_serial(overlapped_s: float, serial_s: float, unshared: float) -> float:
+    """An iteration `unshared` (`unshared_fraction`) of the way from its `overlapped_s`
+    prediction to its communication run after compute (`serial_s`), never faster than
+    the overlapped one."""
+    return max(overlapped_s, unshared * serial_s + (1 - unshared) * overlapped_s)
+
+
 def core_wait_seconds(cost: RingCost, net: NetworkParams) -> float:
     """What waiting for a core adds to one allreduce of `cost` while compute keeps
     the shared cores busy (`steps_core_wait` of its `RingCost.waits` steps)."""
@@ -594,6 +601,7 @@ def predict(
         loaded = comm_wall + last_step_wait
         breakdown["contention"] = contention_compute + last_step_wait
         iteration = compute_wall + tail + last_step_wait
+        bound = "communication" if comm_wall > compute_wall else "compute"
         if overlap == "backward":
             # Buckets beside backward share the cores with compute: never beat the CPU
             # work of what runs beside it, and the tail after it, with no compute beside
@@ -604,21 +612,17 @@ def predict(
             # Pipe-SGD: f of the way to the buckets run after backward.
             serial = compute_wall + comm_wall - burst_s + last_step_wait
             overlapped = max(iteration, cpu_bound)
-            slowest = max(overlapped, unshared * serial + (1 - unshared) * overlapped)
+            slowest = toward_serial(overlapped, serial, unshared)
             serialized = slowest > overlapped
-            breakdown["contention"] += slowest - iteration
-            shares_cores = slowest > iteration
-            iteration = slowest
-        else:
-            shares_cores = False
-        bound = "cpu" if shares_cores else \
-            "communication" if comm_wall > compute_wall else "compute"
+            if slowest > iteration:
+                breakdown["contention"] += slowest - iteration
+                iteration, bound = slowest, "cpu"
     else:
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
                                      sum(core_wait_seconds(c, network) for c in costs))
         overlapped = max(compute_wall, loaded, cpu_bound)
         serial = compute_wall + comm_wall + last_step_wait
-        iteration = max(overlapped, unshared * serial + (1 - unshared) * overlapped)
+        iteration = toward_serial(overlapped, serial, unshared)
         serialized = iteration > overlapped
         if serialized:
             exposed = min(comm_wall, iteration - compute_wall)
