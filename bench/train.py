@@ -80,7 +80,7 @@ class Recipe:
 # synchronously for two epochs at p = 2, as the paper does for AlexNet, and then ramps
 # the learning rate of its stale updates over 200 iterations, with Nesterov momentum for
 # every configuration: without both, the switch to K = 2 throws the CNN out of its basin
-# and it ends 1-3 points behind (README, "Learning rate and momentum with K >= 2").
+# and it ends 1-3 points behind (docs/training.md, "Learning rate and momentum with K >= 2").
 RECIPE_RANKS = 2
 RECIPES = {
     "mlp": Recipe(epochs=30, batch_size=64, optimizer="sgd", lr=0.05, momentum=0.9),

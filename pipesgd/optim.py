@@ -10,7 +10,7 @@ The schedule (warm-up with K = 1, the learning-rate ramp of the first stale upda
 `pipesgd.delay.DelaySchedule`, shared with the DDP hook and replicated pipeline stages.
 Steps with nothing due leave weights and optimizer state untouched. The ramp exists
 because a stale heavy ball is stable only at a much smaller step than a synchronous one
-(README, "Learning rate and momentum with K >= 2"): it lets the model settle where the
+(docs/training.md, "Learning rate and momentum with K >= 2"): it lets the model settle where the
 stale update is stable instead of diverging right after the switch.
 
 Gradients travel in flat buckets (`pipesgd.buckets`), K sets of them allocated once.

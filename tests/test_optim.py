@@ -338,9 +338,9 @@ def _quadratic_distance(engine, staleness: int, momentum: float, step_times_curv
 
 @pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9])
 def test_staleness_two_is_stable_exactly_below_the_documented_bound(engine, momentum) -> None:
-    """README ("Hyper-parameters for K >= 2"): heavy ball applying the gradient of the
-    iteration before is stable iff eta h < 1 - momentum, where synchronous training
-    is stable up to eta h < 2 (1 + momentum)."""
+    """docs/training.md ("Learning rate and momentum with K >= 2"): heavy ball applying
+    the gradient of the iteration before is stable iff eta h < 1 - momentum, where
+    synchronous training is stable up to eta h < 2 (1 + momentum)."""
     bound = 1.0 - momentum
     assert _quadratic_distance(engine, 2, momentum, 0.5 * bound) < 1e-3
     assert _quadratic_distance(engine, 2, momentum, 1.2 * bound) > 10.0

@@ -236,7 +236,7 @@ def describe_cluster(
     return with_device_copy(net, device_gbps)
 
 
-# Clusters of the projection table (README): one worker per host, a GPU computing.
+# Clusters of the projection table (docs/timing_model.md): one worker per host, a GPU computing.
 CLUSTERS = {
     "10GbE": dict(bandwidth="10Gbit", latency="20us", cores=16, ranks_per_host=1),
     "100Gbit": dict(bandwidth="100Gbit", latency="5us", cores=16, ranks_per_host=1),
