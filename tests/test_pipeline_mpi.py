@@ -133,6 +133,29 @@ def test_cli_stops_with_a_clear_error_when_the_loss_diverges(tmp_path):
     assert not (tmp_path / "ck").exists(), "a diverged epoch is not checkpointed"
 
 
+@pytest.mark.parametrize("plan_text,message", [
+    ('{"stages": [{"layers": [0, 3]}, {"layers": [3, 4]}]}',
+     "the plan covers layers [0, 4) but the model has 5 layers"),
+    ('{"stages": [{"layers": [0, 5]}]}',
+     "the plan places 1 stage replicas but 2 ranks run; run `mpirun -n 1 ...`"),
+    ('{"stages": [', "not JSON"),
+])
+def test_cli_refuses_a_plan_that_does_not_fit_on_every_rank(tmp_path, plan_text, message):
+    import subprocess
+
+    path = tmp_path / "plan.json"
+    path.write_text(plan_text)
+    cmd = [*mpirun_command(2), sys.executable, "-m", "pipesgd.cli", "pipeline",
+           "--model", "mlp", "--plan", str(path), "--steps", "2", "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT,
+                          timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    # one line per rank naming the problem, no traceback, no abort of the job
+    assert out.count("pipesgd pipeline: ") == 2 and message in out, out
+    assert "Traceback" not in out and "MPI_ABORT" not in out, out
+
+
 def test_cli_learning_rate_defaults_per_model():
     import argparse
 

@@ -18,6 +18,7 @@ from pipesgd.model_names import HELP, layer_model, parse_shape
 
 from .auto_plan import AUTO, plan_argument
 from .pipemare import PipeMareOptions
+from .plan import PlanError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,7 +208,11 @@ def run(args: argparse.Namespace) -> int:
         if comm is None:
             print(f"rank {rank}: idle, the plan uses {auto.plan.world_size} ranks", flush=True)
             return 0
-    plan = _plan(args, model.num_layers, comm.Get_size(), auto and auto.plan)
+    try:  # the same on every rank, and so are their errors
+        plan = _plan(args, model.num_layers, comm.Get_size(), auto and auto.plan)
+        plan.validate(num_layers=model.num_layers)
+    except ValueError as exc:  # a plan file that is no plan, or not for this model
+        raise SystemExit(f"pipesgd pipeline: {exc}") from exc
     if args.print_schedule:
         if rank == 0:
             n = 2 * plan.world_size
@@ -215,6 +220,10 @@ def run(args: argparse.Namespace) -> int:
             if plan.schedule == "async":
                 print(format_delays(sched.delays(plan)))
         return 0
+    try:
+        plan.check_world(comm.Get_size())
+    except PlanError as exc:
+        raise SystemExit(f"pipesgd pipeline: {exc}") from exc
     kind = args.data or ("digits" if args.model == "mlp" else "synthetic")
     held_out = None  # the test split, evaluated after every epoch
     if kind == "digits":
@@ -239,12 +248,15 @@ def run(args: argparse.Namespace) -> int:
     lr = learning_rate(args)
     pipemare = pipemare_options(args, plan)
     warmup = args.sync_warmup_epochs if plan.schedule == "async" else 0
-    pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
-                    lr=lr, momentum=args.momentum, seed=args.seed,
-                    vertical_sync=args.vertical_sync, compression=args.compression,
-                    staleness=args.staleness, pipemare=pipemare,
-                    recompute=recompute_stages(args.recompute),
-                    device=device)
+    try:  # its PlanErrors come before its first collective, alike on every rank
+        pipe = Pipeline(model, plan.replace(schedule="1f1b") if warmup else plan, comm,
+                        lr=lr, momentum=args.momentum, seed=args.seed,
+                        vertical_sync=args.vertical_sync, compression=args.compression,
+                        staleness=args.staleness, pipemare=pipemare,
+                        recompute=recompute_stages(args.recompute),
+                        device=device)
+    except PlanError as exc:
+        raise SystemExit(f"pipesgd pipeline: {exc}") from exc
     start_epoch = checkpoint.load(pipe, args.resume) if args.resume else 0
     history = []
     for epoch in range(start_epoch, start_epoch + args.epochs):

@@ -23,6 +23,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipesgd.json_files import load_json
+
 SCHEDULES = ("1f1b", "1f1b-rr", "gpipe", "async")
 
 
@@ -137,10 +139,7 @@ class Plan:
             ValueError: the file holds no plan (not JSON, or from_dict's errors), with its
                 name.
         """
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except ValueError as exc:  # JSONDecodeError is one
-            raise ValueError(f"{path}: {exc}") from exc
+        return load_json(path, "a pipeline plan (`pipesgd plan --json`)", cls.from_dict)
 
     def to_dict(self) -> dict:
         out = asdict(self)

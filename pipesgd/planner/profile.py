@@ -19,6 +19,8 @@ from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from pipesgd.json_files import load_json
+
 EXAMPLE_CALL = "profile(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), torch.randn(32, 4))"
 
 
@@ -211,7 +213,13 @@ class ModelProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> ModelProfile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The profile a JSON file holds (`save`, `pipesgd plan --profile-only`).
+
+        Raises:
+            ValueError: the file is missing or holds no profile; the message names it.
+        """
+        return load_json(path, "a per-layer profile (`pipesgd plan --profile-only`)",
+                         cls.from_dict)
 
 
 # The model-wide figures (floats, 0 where not measured), as named in the JSON too; a

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipesgd.json_files import load_json
 from pipesgd.timing.cluster import parse_bandwidth, parse_duration
 
 EXAMPLE = "4x[20GB/s], 2x[1Gbit]"
@@ -291,7 +292,12 @@ class HierarchicalTopology:
 
     @classmethod
     def load(cls, path: str | Path) -> HierarchicalTopology:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The topology a JSON file holds (`save`).
+
+        Raises:
+            ValueError: the file is missing or holds no topology; the message names it.
+        """
+        return load_json(path, "a topology (`HierarchicalTopology.save`)", cls.from_dict)
 
 
 def from_network(net: Any, workers: int) -> HierarchicalTopology:

@@ -19,6 +19,7 @@ from typing import Any
 
 from pipesgd.cli import positive_int
 from pipesgd.device import add_device_argument, run_device
+from pipesgd.json_files import read_json
 from pipesgd.model_names import add_model_arguments, model_shape
 from pipesgd.timing.cluster import HOST_CPU_DEFAULTS
 from pipesgd.timing.paper import BENCHMARKS
@@ -204,7 +205,7 @@ def load_measured(path: str) -> dict[tuple[int, str, str], float]:
     iteration_time_s (or measured_s)."""
     from pipesgd.timing.report import measured_key
 
-    data = json.loads(Path(path).read_text())
+    data = read_json(path, "measured iteration times (the JSON of `pipesgd train`)")
     if isinstance(data, dict):
         data = data.get("runs") or data.get("configs") or [data]
     out = {}

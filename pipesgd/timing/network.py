@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipesgd.json_files import dataclass_from_dict, load_json
+
 if TYPE_CHECKING:
     from pipesgd.timing.topology import Topology
 
@@ -219,13 +221,18 @@ class NetworkParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NetworkParams:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return dataclass_from_dict(cls, data, "a network description")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> NetworkParams:
-        data = json.loads(Path(path).read_text())
-        return cls.from_dict(data.get("network", data))
+        """The network a JSON file holds (`save`, `pipesgd timing measure --json`, or a
+        prediction's JSON, under "network").
+
+        Raises:
+            ValueError: the file is missing or holds no network; the message names it.
+        """
+        return load_json(path, "a network description (`pipesgd timing measure --json`)",
+                         lambda data: cls.from_dict(data.get("network", data)))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipesgd.json_files import dataclass_from_dict, load_json
 from pipesgd.timing.spread import median_spread
 
 
@@ -97,16 +98,21 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return dataclass_from_dict(cls, data, "a model profile")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        data = json.loads(Path(path).read_text())
-        return cls.from_dict(data.get("profile", data))
+        """The profile a JSON file holds (`save`, or the JSON of `pipesgd timing predict`,
+        under "profile").
+
+        Raises:
+            ValueError: the file is missing or holds no profile; the message names it.
+        """
+        return load_json(path, "a model profile (`Profile.save`, or the JSON of `pipesgd "
+                         "timing predict`)", lambda data: cls.from_dict(data.get("profile", data)))
 
 
 def times_cpu_work(on_gpu: bool) -> bool:
