@@ -111,14 +111,79 @@ def test_data_parallel_wins_prints_the_train_command(tmp_path, capsys):
     assert Plan.load(out_json).world_size <= 4  # the best pipeline, runnable
 
 
+def measured_network(tmp_path, measured_p=4):
+    """A network file as `pipesgd timing measure --json` writes it, for 4 ranks on 1 Gbit/s
+    links (one per host, 16 cores each)."""
+    import dataclasses
+
+    from pipesgd.timing.cluster import describe_cluster
+
+    net = dataclasses.replace(describe_cluster("1Gbit", "30us", cores=16, ranks_per_host=1),
+                              measured_p=measured_p, burst_bytes=256e3)
+    path = tmp_path / "net.json"
+    net.save(path)
+    return path, net
+
+
+def test_a_measured_network_plans_every_family_on_it(tmp_path, capsys):
+    from pipesgd.planner import choose
+    from pipesgd.planner.topology import from_network
+
+    prof_path = hand_profile(tmp_path, weights=100e6, outputs=1e3)
+    net_path, net = measured_network(tmp_path)
+    out_json = tmp_path / "plan.json"
+    rc, out, err = plan(capsys, "--profile", str(prof_path), "--model", "mlp",
+                        "--batch-size", "8", "--network", str(net_path), "--json",
+                        str(out_json))
+    assert rc == 0, err
+    assert "(4 workers)" in out  # the ranks it was measured on
+    # the same ranking as the library gives on that network's links and costs
+    expected = choose(ModelProfile.load(prof_path), from_network(net, 4), None, batch_size=8,
+                      dp_network=net)
+    got = {a["family"]: a["samples_per_s"] for a in json.loads(out_json.read_text())
+           ["alternatives"] if a["fits"]}
+    assert got == pytest.approx({c.family: c.samples_per_s for c in expected.ranked})
+    # --workers plans for another count on the same links
+    rc, out, err = plan(capsys, "--profile", str(prof_path), "--model", "mlp",
+                        "--batch-size", "8", "--network", str(net_path), "--workers", "2")
+    assert rc == 0 and "(2 workers)" in out, err
+    by_hand, _ = measured_network(tmp_path, measured_p=None)
+    rc, _, err = plan(capsys, "--profile", str(prof_path), "--batch-size", "8",
+                      "--network", str(by_hand))
+    assert rc == 2 and "was not measured on ranks" in err and "--workers 4" in err
+
+
+def test_a_topology_file_plans_as_its_text(tmp_path, capsys):
+    from pipesgd.planner.topology import HierarchicalTopology
+
+    prof_path = hand_profile(tmp_path, weights=10e6, outputs=1e5)
+    text = "2x[10GB/s], 2x[1Gbit]"
+    HierarchicalTopology.parse(text).save(tmp_path / "topo.json")
+    rates = []
+    for given in (text, str(tmp_path / "topo.json")):
+        out_json = tmp_path / "plan.json"
+        rc, _, err = plan(capsys, "--profile", str(prof_path), "--model", "mlp",
+                          "--batch-size", "8", "--topology", given, "--json", str(out_json))
+        assert rc == 0, err
+        rates.append([a["samples_per_s"] for a in
+                      json.loads(out_json.read_text())["alternatives"]])
+    assert rates[0] == rates[1]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--batch-size", "8"], "say how the workers are connected"),
     (["--batch-size", "8", "--bandwidth", "1Gbit"], "--bandwidth needs --workers"),
     (["--batch-size", "8", "--workers", "2", "--bandwidth", "1Gbit", "--topology",
-      "2x[1Gbit]"], "not both"),
+      "2x[1Gbit]"], "not --topology and --bandwidth"),
     (["--batch-size", "8", "--workers", "3", "--topology", "2x[1Gbit]"],
      "the topology '2x[1Gbit]' has 2 workers"),
     (["--batch-size", "8", "--topology", "2x1Gbit"], "bad topology"),
+    (["--batch-size", "8", "--topology", "missing.json"],
+     "missing.json: no such file; expected a topology"),
+    (["--batch-size", "8", "--network", "missing.json"],
+     "missing.json: no such file; expected a network description"),
+    (["--batch-size", "8", "--workers", "2", "--bandwidth", "1Gbit", "--network", "n.json"],
+     "not --bandwidth and --network"),
     (["--batch-size", "8", "--workers", "2", "--bandwidth", "fast"], "bad bandwidth"),
     (["--batch-size", "8", "--micro-batch", "3", "--workers", "2", "--bandwidth", "1Gbit"],
      "must divide --batch-size"),

@@ -5,6 +5,7 @@ parallelism for a cluster, print the winner and write its plan.
     pipesgd plan --model mlp --batch-size 64 --micro-batch 16 --topology "4x[20GB/s], 2x[1Gbit]"
     pipesgd plan --model cnn --batch-size 32 --profile-only cnn.json      # profile, stop
     pipesgd plan --profile cnn.json --batch-size 32 --workers 8 --bandwidth 10Gbit --memory 1GB
+    pipesgd plan --model cnn --batch-size 32 --network net.json   # `pipesgd timing measure`'s
 
 The JSON is the runtime's plan (`Plan.load`, `pipesgd pipeline --plan`) of the best
 pipeline, with `predicted_samples_per_s`, the overall `choice` (which may be data
@@ -35,10 +36,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=positive_int,
                         help="samples per pipeline micro-batch (default: --batch-size); "
                              "divides --batch-size")
-    parser.add_argument("--workers", type=positive_int, help="number of workers (with --bandwidth)")
+    parser.add_argument("--workers", type=positive_int,
+                        help="number of workers (with --bandwidth; with --network, default: "
+                             "the ranks it was measured on)")
     parser.add_argument("--topology",
                         help="levels innermost first, e.g. '4x[20GB/s], 2x[1Gbit]' (4 "
-                             "workers per node, 2 nodes); instead of --workers/--bandwidth")
+                             "workers per node, 2 nodes), or a topology JSON file "
+                             "(`HierarchicalTopology.save`); instead of --workers/--bandwidth")
+    parser.add_argument("--network", metavar="FILE",
+                        help="a network measured by `mpirun -n P pipesgd timing measure "
+                             "--json FILE`: the workers' links, the cores they share and "
+                             "what communication costs them, for pipelines and data "
+                             "parallelism alike; instead of --topology/--bandwidth")
     parser.add_argument("--bandwidth", help="link rate between any two workers, e.g. 1Gbit")
     parser.add_argument("--latency", default="20us",
                         help="one-way latency with --bandwidth (default 20us)")
@@ -81,35 +90,70 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def topology_of(args: argparse.Namespace) -> Any:
-    """The cluster from --topology, or from --workers and --bandwidth (one level), with
-    --device-gbps's host staging."""
-    topo = _links_of(args)
+    """The cluster from --topology, --network or --workers and --bandwidth (one level),
+    with --device-gbps's host staging."""
+    return cluster_of(args)[0]
+
+
+def cluster_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(the cluster's topology, the measured `NetworkParams` data parallelism is predicted
+    on, or None to predict it from the topology)."""
+    topo, net = _links_of(args)
     gbps = getattr(args, "device_gbps", None)
     if gbps is None:
-        return topo
+        return topo, net
     from pipesgd.timing.cluster import device_copy_s_per_byte
 
-    return dataclasses.replace(topo, device_copy_s_per_byte=device_copy_s_per_byte(gbps))
+    copy = device_copy_s_per_byte(gbps)
+    if net is not None:
+        net = dataclasses.replace(net, device_copy_s_per_byte=copy)
+    return dataclasses.replace(topo, device_copy_s_per_byte=copy), net
 
 
-def _links_of(args: argparse.Namespace) -> Any:
+def _links_of(args: argparse.Namespace) -> tuple[Any, Any]:
     from .topology import HierarchicalTopology
 
-    if args.topology and args.bandwidth:
-        raise ValueError("give --topology or --bandwidth, not both (a topology's levels "
-                         "carry their bandwidths, e.g. --topology '4x[20GB/s], 2x[1Gbit]')")
+    network = getattr(args, "network", None)
+    given = [flag for flag, value in (("--topology", args.topology),
+                                      ("--bandwidth", args.bandwidth),
+                                      ("--network", network)) if value]
+    if len(given) > 1:
+        raise ValueError(f"give one of --topology, --bandwidth and --network, not "
+                         f"{' and '.join(given)} (each describes the links, e.g. --topology "
+                         "'4x[20GB/s], 2x[1Gbit]')")
+    if network:
+        return _measured_links(network, args.workers)
     if args.topology:
-        topo = HierarchicalTopology.parse(args.topology)
+        if args.topology.endswith(".json") or Path(args.topology).is_file():
+            topo = HierarchicalTopology.load(args.topology)
+        else:
+            topo = HierarchicalTopology.parse(args.topology)
         if args.workers is not None and args.workers != topo.num_workers:
             raise ValueError(f"--workers {args.workers} but the topology {args.topology!r} "
                              f"has {topo.num_workers} workers; drop --workers or fix one")
-        return topo
+        return topo, None
     if not args.bandwidth:
         raise ValueError("say how the workers are connected: --workers 4 --bandwidth 1Gbit, "
-                         "or --topology '4x[20GB/s], 2x[1Gbit]'")
+                         "--topology '4x[20GB/s], 2x[1Gbit]' or --network net.json (from "
+                         "`mpirun -n 4 pipesgd timing measure --json net.json`)")
     if args.workers is None:
         raise ValueError("--bandwidth needs --workers, e.g. --workers 4 --bandwidth 1Gbit")
-    return HierarchicalTopology.parse(f"{args.workers}x[{args.bandwidth}, {args.latency}]")
+    return HierarchicalTopology.parse(f"{args.workers}x[{args.bandwidth}, {args.latency}]"), None
+
+
+def _measured_links(path: str, workers: int | None) -> tuple[Any, Any]:
+    """One level of workers on a measured network's links, as `pipesgd pipeline --plan
+    auto` plans on the job's own (`from_network`), and that network."""
+    from pipesgd.timing.network import NetworkParams
+
+    from .topology import from_network
+
+    net = NetworkParams.load(path)
+    workers = workers or net.measured_p
+    if workers is None:
+        raise ValueError(f"--network {path} was not measured on ranks (a description by "
+                         "hand): say how many workers, e.g. --workers 4")
+    return from_network(net, workers), net
 
 
 def _layer_model(args: argparse.Namespace) -> Any:
@@ -292,12 +336,12 @@ def _plan(args: argparse.Namespace) -> int:
         print(describe_profile(prof, args.model))
         print(f"wrote {args.profile_only}")
         return 0
-    topo = topology_of(args)
+    topo, net = cluster_of(args)
     prof = _profile(args)
     from .choose import choose
 
     choice = choose(prof, topo, args.memory, batch_size=args.batch_size,
-                    micro_batch=args.micro_batch, staleness=args.staleness)
+                    micro_batch=args.micro_batch, staleness=args.staleness, dp_network=net)
     print_choice(prof, topo, choice, args.model)
     best, pipeline = choice.best, choice.best_pipeline
     commands = {}
