@@ -242,6 +242,36 @@ def test_a_measured_network_gives_one_level_and_the_cores_its_ranks_share(tmp_pa
     assert from_network(net, 4).shared_cores is None
 
 
+def test_a_measurement_across_nodes_gives_the_nodes_and_the_network_as_two_levels():
+    # 2 nodes of 2 ranks: 20 GB/s inside a node, 1 Gbit/s between (as `measure` finds
+    # them under `bench/netem.py --nodes`)
+    net = describe_cluster("1Gbit", "50us")
+    net.ranks_per_node, net.node_alpha_s, net.node_beta_s_per_byte = 2, 2e-6, 1 / 20e9
+    net.burst_bytes, net.eager_bytes = 122880.0, 65408
+    topo = from_network(net, 4)
+    inner, outer = topo.levels
+    assert (inner.count, outer.count) == (2, 2) and topo.num_workers == 4
+    assert inner.bandwidth == pytest.approx(20e9) and inner.latency == pytest.approx(2e-6)
+    assert inner.eager_bytes == 0 and inner.burst_bytes == 0  # pulled, no token bucket
+    assert outer.bandwidth == pytest.approx(1e9 / 8) and outer.latency == pytest.approx(50e-6)
+    assert outer.burst_bytes == 122880.0 and outer.eager_bytes == math.inf
+    # PipeDream's DP plans on it as on the same hierarchy written by hand
+    # (two layers of heavy weights on four workers: the replicas' all-reduce decides)
+    prof = ModelProfile.from_columns([1.0] * 2, [2.0] * 2, [1e3] * 2, [1e9] * 2,
+                                     batch_size=8)
+    by_hand = HierarchicalTopology.parse("2x[20GB/s, 2us], 2x[1Gbit, 50us]")
+    measured, described = pipedream(prof, topo), pipedream(prof, by_hand)
+    assert measured.stages == described.stages
+    assert measured.time_per_minibatch_s == pytest.approx(described.time_per_minibatch_s)
+    # and faster than all four on the network's links alone would be
+    flat = pipedream(prof, HierarchicalTopology.parse("4x[1Gbit, 50us]"))
+    assert measured.time_per_minibatch_s < flat.time_per_minibatch_s
+    # one level where the ranks do not fill whole nodes, or the node's link is unknown
+    assert len(from_network(net, 3).levels) == 1
+    net.node_beta_s_per_byte = net.node_alpha_s = None
+    assert len(from_network(net, 4).levels) == 1
+
+
 def test_a_measured_network_between_nodes_moves_whole_messages_at_once(tmp_path):
     # Between nodes the pipeline sends payloads in eager pieces: every byte leaves when
     # sent. The links' measured token bucket goes with them.

@@ -301,13 +301,19 @@ class HierarchicalTopology:
 
 
 def from_network(net: Any, workers: int) -> HierarchicalTopology:
-    """One level of `workers` at a measured network's β and α (`NetworkParams`), with
-    the cores they share where it says (`cores`, `ranks_per_host`), communication's CPU
-    cost (β_cpu, γ, λ_load), the links' token bucket, the in-place all-reduce on one
-    node and, measured on GPUs, the copy rate between a GPU and the host (δ). Its
-    messages move as the pipeline sends them: every byte at once between nodes, where it
-    cuts payloads into eager pieces; within a node the transport's eager bytes, the rest
-    when the receiver asks."""
+    """`workers` on a measured network's links (`NetworkParams`), with the cores they
+    share where it says (`cores`, `ranks_per_host`), communication's CPU cost (β_cpu, γ,
+    λ_load), the links' token bucket, the in-place all-reduce on one node and, measured
+    on GPUs, the copy rate between a GPU and the host (δ). Its messages move as the
+    pipeline sends them: every byte at once between nodes, where it cuts payloads into
+    eager pieces; within a node the transport's eager bytes, the rest when the receiver
+    asks.
+
+    One level at the network's β and α; where the measurement spanned nodes of R ranks
+    each (`ranks_per_node`, with the link inside a node measured: `node_beta_s_per_byte`)
+    and R divides `workers`, two: R workers on the node's link, `workers` / R nodes on
+    the network (PipeDream's hierarchy), the node's messages every byte on the
+    receiver's request (the shared-memory transport pulls them)."""
     shared = None
     if net.cores:
         shared = SharedCores(int(net.cores), int(net.ranks_per_host or workers),
@@ -317,10 +323,17 @@ def from_network(net: Any, workers: int) -> HierarchicalTopology:
 
     cut = net.ranks_per_node is not None and net.eager_bytes >= SMALLEST
     flow = net.flow_beta_s_per_byte
-    level = Level(workers, 1.0 / net.beta_s_per_byte, net.alpha_s,
-                  math.inf if cut else net.eager_bytes, net.burst_bytes,
-                  net.in_place_s_per_byte, 1.0 / flow if flow > 0 else 0.0)
-    return HierarchicalTopology((level,), shared_cores=shared,
+    per_node = net.ranks_per_node or 1
+    nodes = workers // per_node
+    two_levels = (per_node > 1 and nodes > 1 and workers % per_node == 0
+                  and net.node_beta_s_per_byte)
+    levels: tuple[Level, ...] = ()
+    if two_levels:
+        levels = (Level(per_node, 1.0 / net.node_beta_s_per_byte, net.node_alpha_s or 0.0),)
+    levels += (Level(nodes if two_levels else workers, 1.0 / net.beta_s_per_byte,
+                     net.alpha_s, math.inf if cut else net.eager_bytes, net.burst_bytes,
+                     net.in_place_s_per_byte, 1.0 / flow if flow > 0 else 0.0),)
+    return HierarchicalTopology(levels, shared_cores=shared,
                                 device_copy_s_per_byte=net.device_copy_s_per_byte)
 
 
