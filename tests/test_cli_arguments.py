@@ -40,7 +40,7 @@ def test_a_plan_file_that_holds_no_plan_names_itself(tmp_path):
     assert Plan.load(good) == plan
     not_json = tmp_path / "notes.json"
     not_json.write_text("stages: 0-2, 2-5")
-    with pytest.raises(ValueError, match=r"notes\.json: Expecting value"):
+    with pytest.raises(ValueError, match=r"notes\.json: not JSON \(Expecting value at line 1"):
         Plan.load(not_json)
     no_stages = tmp_path / "profile.json"
     no_stages.write_text(json.dumps({"layers": 3}))
