@@ -220,7 +220,16 @@ def _slice_ns(task: Path) -> int | None:
 def _comm_threads() -> list[Path]:
     """/proc task folders of every thread named pipesgd-comm in this process."""
     return [task for task in Path("/proc/self/task").iterdir()
-            if (task / "comm").read_text().strip() == "pipesgd-comm"]
+            if _thread_name(task) == "pipesgd-comm"]
+
+
+def _thread_name(task: Path) -> str | None:
+    """The thread's name, or None where it ended since its folder was listed (a comm
+    thread of an engine shut down just before)."""
+    try:
+        return (task / "comm").read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def _new_comm_thread(read: Callable[[Path], T], **options: int) -> T:
