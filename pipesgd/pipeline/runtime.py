@@ -312,6 +312,7 @@ class Pipeline:
         self._grads: dict[int, Tensor] = {}
         self._grad_in: dict[int, Tensor] = {}
         self._last_round = max((a.mb for a in acts if a.kind == "U"), default=-1)
+        self._closing = sched.closing_backwards(acts)
         self._live_ok = no_step_between_forward_and_backward(acts)
         # floats, or tensors summed on the device (see _forward)
         self._loss_sum: float | Tensor = 0.0
@@ -439,7 +440,10 @@ class Pipeline:
         grad = None if self.last else self._grads.pop(a.mb)
         if self.stage.recomputes:
             self._seed(a.mb)
-        grad_x = self.stage.backward(a.mb, grad)
+        made = None
+        if a.mb in self._closing:  # a replica reduces buckets as the backward makes them
+            made = self.sync.open_round(self.stage.grad_sum, self.stage.param_ranges)
+        grad_x = self.stage.backward(a.mb, grad, made)
         if not self.first:
             self._grad_in[a.mb] = grad_x
 

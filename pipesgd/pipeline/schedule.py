@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .plan import Plan
@@ -191,6 +191,22 @@ def lower(plan: Plan, compute: Schedule) -> Schedule:
             else:
                 lowered.append(a)
         out[rank] = lowered
+    return out
+
+
+def closing_backwards(actions: Sequence[Action]) -> set[int]:
+    """The micro-batches of one rank's action list whose backward is the last before an
+    all-reduce (AR): no later backward adds to the gradients it makes, so a replica may
+    start reducing them during it (PipeDream's wait-free rule)."""
+    out: set[int] = set()
+    last = None
+    for a in actions:
+        if a.kind == "B":
+            last = a.mb
+        elif a.kind == "AR":
+            if last is not None:
+                out.add(last)
+            last = None
     return out
 
 

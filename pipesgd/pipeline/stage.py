@@ -204,12 +204,24 @@ class Stage:
         f.out = self.loss_fn(f.out, labels)
         return f.out
 
-    def backward(self, mb: int, grad_out: Tensor | None) -> Tensor | None:
+    @property
+    def param_ranges(self) -> list[tuple[int, int]]:
+        """Each trainable parameter's elements in the flat gradient buffer, in order."""
+        out, offset = [], 0
+        for p in self.params:
+            out.append((offset, offset + p.numel()))
+            offset += p.numel()
+        return out
+
+    def backward(self, mb: int, grad_out: Tensor | None,
+                 made: Callable[[int], None] | None = None) -> Tensor | None:
         """Backward of micro-batch `mb`; accumulates weight gradients, returns the input's.
 
         Autograd accumulates straight into views of the flat buffer (each weight's `.grad`
         is its view for the duration): returning fresh gradient tensors instead costs a
         page fault per 4 KiB of them on every micro-batch, a third of a big stage's backward.
+        `made(i)` is called as soon as parameter i's gradient has been added in (a replica
+        starts its all-reduce bucket by bucket: `ReplicaGradientSync.open_round`).
         """
         f = self._in_flight.pop(mb)
         if f.recompute:
@@ -224,11 +236,16 @@ class Stage:
         if inputs:
             for w, view in zip(f.weights, self._grad_views, strict=True):
                 w.grad = view
+            hooks = [] if made is None or not all(w.is_leaf for w in f.weights) else [
+                w.register_post_accumulate_grad_hook(lambda _w, i=i: made(i))
+                for i, w in enumerate(f.weights)]
             try:
                 torch.autograd.backward(f.out, grad_tensors=grad_out, inputs=inputs)
             finally:
                 for w in f.weights:
                     w.grad = None
+                for h in hooks:
+                    h.remove()
             if wants_x:
                 grad_x, f.x.grad = f.x.grad, None
         self.grad_count += 1

@@ -45,8 +45,11 @@ this simulation repeats in passing), one action at a time:
              then busy for the optimizer step of the stage's layers (`update_s`)
 
 so the all-reduce of a replicated stage starts when the backward of the last micro-batch
-of an update round ends, as `ReplicaGradientSync` does, not by PipeDream's wait-free rule
-(per-layer all-reduces overlapping the rest of the backward). An F, B or U that follows a
+of an update round ends. The runtime starts each bucket during that backward instead
+(PipeDream's wait-free rule, `ReplicaGradientSync.open_round`), all but the first
+layers' bucket: the simulation is a bound there, and where the planner calibrates on a
+real round (`fit_replica_overhead`) the charge fitted per round takes the difference in.
+An F, B or U that follows a
 wait the rank slept through (RF, RB, U) is busy longer by the stage's weight bytes x the
 profile's `cold_s_per_byte`: its data left the caches meanwhile.
 

@@ -1,6 +1,7 @@
 """A 2-1 plan on 3 ranks under 1F1B-RR: the two replicas of stage 0 end bitwise identical,
 with an odd number of micro-batches (uneven counts per replica), and match a single-process
-simulation of round-based averaging.
+simulation of round-based averaging, with their gradients in buckets small enough that
+most start their all-reduce during the backward (wait-free).
 
 Run: mpirun -n 3 python tests/mpi/pipeline_replicas.py [compression]
 """
@@ -55,13 +56,20 @@ def main():
     x, y = synthetic(N * MB, (10,), 4, seed=4)
     data = MicroBatches(x, y, MB, shuffle=False)
     pipe = Pipeline(MODEL, plan, lr=LR, seed=SEED, compression=compression)
+    if pipe.stage_id == 0:
+        pipe.sync.bucket_bytes = 256  # stage 0's 448 gradients in 7 buckets
     stats = pipe.train_epoch(data)
     states = pipe.gather_state()
+    early = comm.gather(getattr(pipe.sync, "early_buckets", 0))
     if comm.Get_rank() == 0:
         a, b = states[0], states[1]
         for k in a:
             assert torch.equal(a[k], b[k]), f"replicas of stage 0 differ in {k}"
         print(f"replicas bitwise identical over {N} micro-batches; versions {stats.peak_versions}")
+        # every round but the first (its buffer is allocated at the all-reduce) and the
+        # short replica's empty last one: 4 and 3 rounds of 7 buckets
+        print(f"buckets reduced during the backward per replica: {early[:2]}")
+        assert early[:2] == [4 * 7, 3 * 7], early
         if compression == "none":
             want = reference(plan, data)
             got = {**states[0], **states[2]}
