@@ -17,13 +17,14 @@ gradients it holds (`open_round`), and the update waits for them; the rest leave
 all-reduce action. Buckets go from the last to the first, the order the backward makes
 them, one after another, so every replica submits the same operations in the same order
 whenever each became ready, and the sums are bitwise those of an all-reduce after the
-backward. Staleness K follows the Pipe-SGD
-optimizer's schedule (`pipesgd.delay`): round t applies the aggregate launched K-1 rounds
-earlier (K = 1 is synchronous); the rest is applied when the epoch drains. A stage on a
-GPU reduces through host staging (`pipesgd.staging`): a device copy of the round's sum
-(the next backward overwrites the stage's buffer) goes to a pinned host buffer on a side
-stream, each bucket's all-reduce opens when its copy has completed, and the aggregate
-returns to the device ahead of the update.
+backward.
+
+Staleness K follows the Pipe-SGD optimizer's schedule (`pipesgd.delay`): round t applies
+the aggregate launched K-1 rounds earlier (K = 1 is synchronous); the rest is applied when
+the epoch drains. A stage on a GPU reduces through host staging (`pipesgd.staging`): a
+device copy of each bucket of the round's sum (the next backward overwrites the stage's
+buffer) goes to a pinned host buffer on a side stream, each bucket's all-reduce opens
+when its copy has completed, and the aggregate returns to the device ahead of the update.
 """
 
 from __future__ import annotations
@@ -252,11 +253,9 @@ class _OpenRound:
         order."""
         for k in self.buckets[param]:
             self.waiting[k] -= 1
-        sent = 0
         while self.next >= 0 and self.waiting[self.next] == 0:
             self._send_next()
-            sent += 1
-        self.early += sent
+            self.early += 1
 
     def finish(self) -> int:
         """Send the buckets left; the number sent early."""
