@@ -15,7 +15,7 @@ Usage: netem_probe.py PATTERN NBYTES
             sleep fixed at PIPESGD_POLL_US (poll_max_us=0) and once doubling (the
             default); prints
             {"pattern", "fixed", "doubling"}: the comm threads' wake-ups (voluntary
-            context switches), summed over ranks
+            context switches), summed over ranks and three allreduces of each
 
 Rank 0 prints one JSON line: {"pattern", "nbytes", "seconds"}, where seconds is the
 slowest rank's time between two barriers.
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+WAKE_ROUNDS = 3
 
 
 def _comm_thread_wakes() -> int:
@@ -107,8 +109,11 @@ def main() -> int:
             print(json.dumps({"pattern": pattern, "piece_bytes": piece}), flush=True)
         return 0
     if pattern == "wakes":
-        fixed = comm.reduce(_engine_wakes(comm, nbytes, 0))  # no growth above poll_us
-        doubling = comm.reduce(_engine_wakes(comm, nbytes, None))
+        # three of each, taking turns, so that a spell of the machine's load falls on both
+        fixed = doubling = 0
+        for _ in range(WAKE_ROUNDS):
+            fixed += comm.reduce(_engine_wakes(comm, nbytes, 0)) or 0  # no growth
+            doubling += comm.reduce(_engine_wakes(comm, nbytes, None)) or 0
         if rank == 0:
             print(json.dumps({"pattern": pattern, "fixed": fixed, "doubling": doubling}),
                   flush=True)
