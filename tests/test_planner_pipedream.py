@@ -220,6 +220,10 @@ def test_topology_parses_innermost_first_and_round_trips(tmp_path):
     assert HierarchicalTopology.load(tmp_path / "topo.json") == topo
     assert HierarchicalTopology.parse(str(topo), topo.memory_per_worker) == topo
     assert HierarchicalTopology.parse(" 8 x [ 100gbit/s ] ").num_workers == 8
+    assert HierarchicalTopology.parse("4x[shm 20GB/s], 2x[ib 100Gbit, 2us]") == \
+        HierarchicalTopology.parse("4x[20GB/s], 2x[100Gbit, 2us]")  # names for the reader
+    with pytest.raises(ValueError, match=r"bad level '4x\[shm fast\]'.*bad bandwidth 'fast'"):
+        HierarchicalTopology.parse("4x[shm fast]")
     assert HierarchicalTopology.parse("2x[1GB/s]", "16GiB").memory_per_worker == 16 * 2**30
 
 

@@ -184,7 +184,8 @@ class HierarchicalTopology:
     @classmethod
     def parse(cls, text: str, memory_per_worker: str | float | None = None) -> HierarchicalTopology:
         """Read `"4x[20GB/s], 2x[1Gbit]"`: comma-separated `COUNTx[BANDWIDTH(, LATENCY)]`,
-        innermost level first.
+        innermost level first. A word before the bandwidth names the level for the
+        reader and is not kept: `"4x[shm 20GB/s], 2x[ib 100Gbit, 2us]"`.
 
         Raises:
             ValueError: malformed text; the message names the position and shows an example.
@@ -210,6 +211,9 @@ class HierarchicalTopology:
                     "give a bandwidth and optionally a latency, e.g. 4x[20GB/s] or "
                     "4x[20GB/s, 5us]"
                 )
+            name, _, rate = parts[0].partition(" ")
+            if name.isalpha() and rate.strip():  # a name for the reader: 4x[shm 20GB/s]
+                parts[0] = rate.strip()
             try:
                 bandwidth = parse_bandwidth(parts[0])
                 latency = parse_duration(parts[1]) if len(parts) == 2 else 0.0
