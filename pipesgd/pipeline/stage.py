@@ -8,6 +8,7 @@ the backward of a micro-batch differentiates exactly the version its forward use
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,7 +67,10 @@ class Stage:
         self._policy_factory = policy_factory
         self.policy = policy_factory(self.params)
         self.optimizer = optimizer_factory(self.params) if self.params else None
-        numel = sum(p.numel() for p in self.params)
+        # each trainable parameter's elements in the flat gradient buffer, in order
+        ends = list(itertools.accumulate(p.numel() for p in self.params))
+        self.param_ranges = list(zip([0, *ends][:-1], ends, strict=True))
+        numel = ends[-1] if ends else 0
         dtype = self.params[0].dtype if self.params else torch.float32
         device = self.params[0].device if self.params else torch.device("cpu")
         self.grad_sum = torch.zeros(numel, dtype=dtype, device=device)
@@ -88,11 +92,8 @@ class Stage:
                 self._slots.append((module.get_submodule(owner), name, index[id(p)]))
 
     def _views(self, flat: Tensor) -> list[Tensor]:
-        views, offset = [], 0
-        for p in self.params:
-            views.append(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
-        return views
+        return [flat[start:end].view_as(p)
+                for p, (start, end) in zip(self.params, self.param_ranges, strict=True)]
 
     def set_policy(self, factory: Callable[[list[nn.Parameter]], WeightPolicy]) -> None:
         """Another weight policy from now on (the steps taken so far carry over)."""
@@ -203,15 +204,6 @@ class Stage:
         f = self._in_flight[mb]
         f.out = self.loss_fn(f.out, labels)
         return f.out
-
-    @property
-    def param_ranges(self) -> list[tuple[int, int]]:
-        """Each trainable parameter's elements in the flat gradient buffer, in order."""
-        out, offset = [], 0
-        for p in self.params:
-            out.append((offset, offset + p.numel()))
-            offset += p.numel()
-        return out
 
     def backward(self, mb: int, grad_out: Tensor | None,
                  made: Callable[[int], None] | None = None) -> Tensor | None:
