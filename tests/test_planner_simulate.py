@@ -2,11 +2,13 @@
 bubble, balanced pipelines, MadPipe's 1F1B* counts, links, all-reduce and memory."""
 
 import dataclasses
+import importlib
 import math
 
 import pytest
 
 from pipesgd.pipeline.plan import Plan, StagePlan
+from pipesgd.pipeline.replicas import DEFAULT_BUCKET_BYTES
 from pipesgd.planner import (
     ModelProfile,
     fit_pipeline_overhead,
@@ -17,6 +19,9 @@ from pipesgd.planner import (
 from pipesgd.planner.simulate import _TokenBucket
 from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
+# the module, which the package's `simulate` (the function) hides
+SIMULATE = importlib.import_module("pipesgd.planner.simulate")
+
 
 def chain(forward, backward, *, output=None, weights=None, optimizer=None, saved=None,
           batch=4):
@@ -24,6 +29,14 @@ def chain(forward, backward, *, output=None, weights=None, optimizer=None, saved
     n = len(forward)
     return ModelProfile.from_columns(forward, backward, output or [0.0] * n,
                                      weights or [0.0] * n, optimizer, saved, batch_size=batch)
+
+
+@pytest.fixture
+def one_bucket_per_gigabyte(monkeypatch):
+    """Replicas hand their gradient to the ring in buckets of 1 GB (the runtime's are
+    4 MiB, each paying the ring's latencies): the hand-worked rings of 1 GB below are one
+    all-reduce."""
+    monkeypatch.setattr(SIMULATE, "REPLICA_BUCKET_BYTES", 10**9)
 
 
 def starts(sim, rank, until):
@@ -240,6 +253,7 @@ def test_placement_picks_the_level_of_each_link():
     assert with_extra.time_per_micro_batch_s == pytest.approx(across.time_per_micro_batch_s)
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 def test_replicated_stage_allreduce_is_a_ring():
     # One stage on 4 replicas (data parallelism on the pipeline runtime): every round of
     # 4 micro-batches computes F + B = 3, then all-reduces W = 1 GB over 1 GB/s in a ring,
@@ -253,6 +267,7 @@ def test_replicated_stage_allreduce_is_a_ring():
     assert sim.allreduce_busy[0] == pytest.approx(1.56 / 4.56)
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 def test_gpu_replicas_stage_the_allreduce_through_the_host():
     # The ring above, on GPUs copying 0.1 ns/B: the 1 GB gradient goes to the host
     # before the ring and comes back after it, 0.1 s each way: 1.76 s per round.
@@ -413,6 +428,7 @@ def test_a_links_burst_shortens_the_transfers_after_it_idled():
     assert sim.time_per_micro_batch_s == pytest.approx(7.4 - 2 * 0.25)
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 def test_a_replicas_round_starts_with_its_burst():
     # The ring of the test above on links whose token bucket holds 0.5 GB: each replica
     # sends 1.5 GB per round, the first 0.5 GB at once (its bucket refilled over the
@@ -423,6 +439,7 @@ def test_a_replicas_round_starts_with_its_burst():
     assert sim.time_per_micro_batch_s == pytest.approx(4.06 / 4)
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 @pytest.mark.parametrize("replicas, flow, expected_rate", [
     (2, 0.0, 1e9),    # one flow's rate not measured: the level's bandwidth
     (2, 3e9, 2e9),    # 4 workers' total (4 GB/s) over 2 flows
@@ -457,6 +474,7 @@ def test_one_flows_rate_round_trips_through_json_and_is_checked():
             Level(2, 1e9, flow_bandwidth=bad)
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 def test_replicas_on_one_node_reduce_in_place():
     # The ring above on one node whose engine reduces its own buffers in place at
     # 0.5 ns per byte: two waits of 10 ms on the wire, and 0.5 s of each replica's
@@ -471,6 +489,7 @@ def test_replicas_on_one_node_reduce_in_place():
     assert simulate(plan, prof, gpu).stages[0].allreduce_s > 1.5
 
 
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
 @pytest.mark.parametrize("weights, expected", [(1e6, 3.0015 + 0.06 + 6 * (0.1 - 0.00025)),
                                                (1e9, 4.56)])
 def test_each_step_of_a_round_waits_for_a_core_beyond_its_wire_time(weights, expected):
@@ -547,6 +566,50 @@ def test_a_shared_memory_allreduce_competes_for_the_cores():
         (Level(2, 1e9),), shared_cores=SharedCores(1, 2, cpu_s_per_byte=1e-9)))
     assert alone.time_per_micro_batch_s == pytest.approx((3.0 + 1.0) / 2)
     assert shared.time_per_micro_batch_s == pytest.approx(8.0 / 2)
+
+
+# ----------------------------------------------------------------- wait-free replicas
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
+@pytest.mark.parametrize("weights, per_micro_batch", [
+    # layer 1's bucket leaves when its backward is done (t = 4, ring 4..5), layer 0's at
+    # the end of the backward (6..7): the update at 7, a round of two micro-batches
+    ((1e9, 1e9), 3.5),
+    # the only bucket is the first layer's: it leaves at 6, as after the backward
+    ((1e9, 0.0), 3.5),
+    # the only bucket is the last layer's: its ring (4..5) ends before the backward does
+    ((0.0, 1e9), 3.0),
+])
+def test_a_replicas_buckets_leave_during_its_closing_backward(weights, per_micro_batch):
+    # One stage of two layers (F = 1, B = 2 each) on two replicas, 1 GB buckets over
+    # 1 GB/s: a ring of two sends each bucket once, 1 s. Each replica runs F (0..2) and
+    # B (2..6), layer 1's backward first, then waits for its round's all-reduce
+    # (staleness 1). An all-reduce after the backward would end at 6 + the ring.
+    prof = chain([1.0, 1.0], [2.0, 2.0], weights=list(weights))
+    plan = Plan((StagePlan(0, 2, 2),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "2x[1GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx(per_micro_batch)
+    assert sim.stages[0].allreduce_s == pytest.approx(sum(w > 0 for w in weights))
+
+
+def test_each_of_the_runtimes_buckets_pays_the_rings_latencies():
+    # 10 MiB of weights go to the ring as the runtime cuts them, 4, 4 and 2 MiB: three
+    # all-reduces of 2 (r - 1) = 2 steps of 10 ms each, and 10 MiB at 1 GB/s on the wire.
+    assert SIMULATE.REPLICA_BUCKET_BYTES == DEFAULT_BUCKET_BYTES == 4 << 20
+    prof = chain([1.0], [2.0], weights=[10 << 20])
+    plan = Plan((StagePlan(0, 1, 2),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "2x[1GB/s, 10ms]")
+    assert sim.stages[0].allreduce_s == pytest.approx(3 * 2 * 0.01 + (10 << 20) / 1e9)
+
+
+@pytest.mark.usefixtures("one_bucket_per_gigabyte")
+def test_a_replica_without_a_backward_in_the_round_hands_every_bucket_over_at_once():
+    # Three micro-batches on two replicas, one step per two micro-batches per replica:
+    # the second round has one micro-batch, so replica 1 closes it with no backward and
+    # hands both buckets over at its all-reduce; the simulation ends without a stall.
+    prof = chain([1.0, 1.0], [2.0, 2.0], weights=[1e9, 1e9])
+    plan = Plan((StagePlan(0, 2, 2),), schedule="1f1b-rr", micro_batch=4)
+    sim = simulate(plan, prof, "2x[1GB/s]", num_micro_batches=plan.cycle * 40 + 1)
+    assert sim.makespan_s > 0
 
 
 # ----------------------------------------------------------------- errors

@@ -18,9 +18,9 @@ The four families, each predicted by the model that knows how it runs:
 - straight: one stage per worker, none replicated (1F1B), cut where `simulate` predicts
   fastest (`straight_pipeline`), timed by `simulate`; offered where PipeDream's plan is
   not that shape already. PipeDream's objective overlaps a replicated stage's whole
-  all-reduce with its backward, where the runtime's overlaps only the closing
-  backward of each round, and its first layers' bucket not at all: on fast links it
-  replicates stages the straight pipeline runs faster without.
+  all-reduce with its backward, where the runtime's (and the simulator's) overlaps
+  only the closing backward of each round, and its first layers' bucket not at all:
+  on fast links it replicates stages the straight pipeline runs faster without.
 - data-parallel: every worker holds the whole model; `pipesgd.timing.model.choose` ranks
   staleness x compression x overlap on a network from the topology's slowest level (a
   flat ring crosses it), or `dp_network`. Its profile is the per-layer profile's totals

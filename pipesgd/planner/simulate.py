@@ -24,16 +24,23 @@ this simulation repeats in passing), one action at a time:
              and refills at the bandwidth) / bandwidth, and arrives one latency after
              that; a receiver that slept meanwhile resumes `receive_delay_s` later
              (the profile's)
-    AR       busy copying the gradients (`copy_s`) and for what a replicated round loses
-             beyond its actions and its ring's bytes (weight bytes x the profile's
-             `replica_s_per_byte`, fitted to a real round), then free: the round's
-             all-reduce starts once every replica of the stage has reached it and the
-             stage's previous round is done (the engine runs rounds in order), and takes
-             2(r-1)/r W / B_r + 2(r-1) latency (ring; the bucket covers its first
-             bytes) on every replica's NIC, after the messages already on it (and the
-             messages sent later queue behind it: all-reduces and activations share the
-             links); on a level that reduces in place (`Level.in_place_s_per_byte`:
-             one node, `Engine.zeros`), two latencies and W x that rate of CPU instead.
+    B        of a replicated stage's last micro-batch before an all-reduce (its closing
+             backward) hands the round to the ring as it goes, as the runtime does
+             (PipeDream's wait-free rule, `ReplicaGradientSync.open_round`): the
+             gradient is cut into the runtime's buckets (`REPLICA_BUCKET_BYTES`, in
+             layer order), and once the backward, last layer first, has made the first
+             layer of a bucket, the rank copies it out (its share of `copy_s`) and pays
+             what a replicated round loses beyond its actions and its ring's bytes
+             (its bytes x the profile's `replica_s_per_byte`, fitted to a real round)
+    AR       hands over the buckets no backward did (a replica without a micro-batch in
+             the round), paying the same; then free. Each bucket's all-reduce starts
+             once every replica has handed it over and the stage's previous one is done
+             (the engine runs them in order), and takes 2(r-1)/r n / B_r + 2(r-1)
+             latency for its n bytes (ring; the token bucket covers its first bytes) on
+             every replica's NIC, after the messages already on it (and the messages
+             sent later queue behind it: all-reduces and activations share the links);
+             on a level that reduces in place (`Level.in_place_s_per_byte`: one node,
+             `Engine.zeros`), two latencies and n x that rate of CPU instead.
              Where workers share cores, each step also waits for one
              (`SharedCores.load_latency_s` less the step's time on the wire, as the
              timing model's `steps_core_wait`). B_r is the level's bandwidth, or,
@@ -44,12 +51,9 @@ this simulation repeats in passing), one action at a time:
              runtime's default), the one K-1 rounds back, or every one at the last round;
              then busy for the optimizer step of the stage's layers (`update_s`)
 
-so the all-reduce of a replicated stage starts when the backward of the last micro-batch
-of an update round ends. The runtime starts each bucket during that backward instead
-(PipeDream's wait-free rule, `ReplicaGradientSync.open_round`), all but the first
-layers' bucket: the simulation is a bound there, and where the planner calibrates on a
-real round (`fit_replica_overhead`) the charge fitted per round takes the difference in.
-An F, B or U that follows a
+so a round's last buckets (the first layers') can only leave after its closing backward.
+The runtime's first round allocates its buffer at the all-reduce instead (outside the
+steady state). An F, B or U that follows a
 wait the rank slept through (RF, RB, U) is busy longer by the stage's weight bytes x the
 profile's `cold_s_per_byte`: its data left the caches meanwhile.
 
@@ -80,10 +84,11 @@ wire and the CPU are done); each replica's share of an all-reduce round (2(r-1)/
 time and every replica's CPU work are done). Without shared cores each worker computes
 alone, and transfers and rounds take their wire time.
 
-Left out: compression of the replicas' all-reduce, gradient and communication buffers in
-memory; a NIC's messages and all-reduces are sent one after another where TCP would
-share the link between them (the same bytes, in another order); the receiving side of
-a link (its own token bucket and NIC).
+Left out: compression of the replicas' all-reduce and the 8-byte all-reduce of their
+micro-batch count after each round, gradient and communication buffers in memory; a
+NIC's messages and all-reduces are sent one after another where TCP would share the link
+between them (the same bytes, in another order); the receiving side of a link (its own
+token bucket and NIC).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 
@@ -104,6 +109,7 @@ from typing import Any
 
 from pipesgd.pipeline import schedule as sched
 from pipesgd.pipeline.plan import Plan
+from pipesgd.pipeline.replicas import DEFAULT_BUCKET_BYTES
 from pipesgd.pipeline.schedule import no_step_between_forward_and_backward
 from pipesgd.timing.model import steps_core_wait
 
@@ -112,6 +118,7 @@ from .topology import HierarchicalTopology, Level, SharedCores, as_topology
 
 SATURATED = 0.99  # a resource busier than this in steady state is the bottleneck
 MIN_MEASURED_CYCLES = 4
+REPLICA_BUCKET_BYTES = DEFAULT_BUCKET_BYTES  # the runtime's all-reduce of a replica's round
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ class StageReport:
     Attributes:
         stage, start, end, replicas: the plan's stage (layers [start, end)).
         forward_s, backward_s: one micro-batch on one replica.
-        allreduce_s: one round of the replicas' ring all-reduce (0: not replicated).
+        allreduce_s: one round of the replicas' ring all-reduce, its buckets one after
+            another (0: not replicated).
         busy: steady-state fraction of time its replicas compute (mean over replicas).
         in_flight: most micro-batches one replica holds between forward and backward.
         weight_versions: most weight versions one replica holds (live + stashed copies).
@@ -277,6 +285,45 @@ def _stage_costs(plan: Plan, profile: ModelProfile) -> list[_StageCost]:
             saved_bytes=k * sum(lp.saved_bytes for lp in mine),
         ))
     return out
+
+
+def _closing_backward(plan: Plan, profile: ModelProfile, stage: int,
+                      ) -> tuple[list[tuple[float, int | None]], list[tuple[float, ...]]]:
+    """How a replica's closing backward hands its round to the ring, as the runtime does
+    (`ReplicaGradientSync.open_round`): (chunks, groups). The stage's flat gradient is cut
+    into buckets of `REPLICA_BUCKET_BYTES` in layer order; a bucket can leave once the
+    backward has made the gradients of the first layer in it, so the buckets a layer
+    completes form one group, all-reduced one after another (groups[g]: their bytes).
+    The backward runs last layer first, in chunks of (seconds, the group it completes,
+    or None for the layers after the last group's). A stage without weights: one group
+    without bytes (its round still all-reduces the micro-batch count)."""
+    k = batch_scale(profile, plan.micro_batch)
+    sp = plan.stages[stage]
+    mine = profile.layers[sp.start:sp.end]
+    weights = [lp.param_bytes for lp in mine]
+    total = sum(weights)
+    if total <= 0:
+        return [(k * sum(lp.backward_s for lp in mine), None)], [()]
+    size = REPLICA_BUCKET_BYTES
+    offsets = list(itertools.accumulate(weights, initial=0.0))
+    completes: dict[int, list[float]] = defaultdict(list)  # layer -> buckets' bytes
+    for b in range(math.ceil(total / size)):
+        lo, hi = b * size, min((b + 1) * size, total)
+        first = min(i for i, w in enumerate(weights)
+                    if w > 0 and offsets[i] < hi and offsets[i + 1] > lo)
+        completes[first].append(hi - lo)
+    chunks: list[tuple[float, int | None]] = []
+    groups: list[tuple[float, ...]] = []
+    work = 0.0
+    for i in reversed(range(len(mine))):
+        work += k * mine[i].backward_s
+        if i in completes:
+            chunks.append((work, len(groups)))
+            groups.append(tuple(completes[i]))
+            work = 0.0
+    if work > 0:
+        chunks.append((work, None))
+    return chunks, groups
 
 
 class _Cpu:
@@ -604,14 +651,32 @@ def simulate(
     stage_of = [plan.position(r)[0] for r in range(world)]
     ranks_of = [[plan.rank_of(s, i) for i in range(sp.replicas)]
                 for s, sp in enumerate(plan.stages)]
-    ring_s = [net.ring_s(ranks_of[s], costs[s].weight_bytes) for s in range(plan.num_stages)]
-    ring_bytes = [net.ring_bytes(ranks_of[s], costs[s].weight_bytes)
+    # a replicated stage's round: its closing backward's chunks and bucket groups, and
+    # per group the ring's time, bytes sent, time on the wire and CPU work per replica
+    closing = [_closing_backward(plan, profile, s) for s in range(plan.num_stages)]
+    group_bytes = [[sum(g) for g in groups] for _, groups in closing]
+    ring_s = [[sum(net.ring_s(ranks_of[s], b) for b in g) if g else net.ring_s(ranks_of[s], 0.0)
+               for g in closing[s][1]] for s in range(plan.num_stages)]
+    ring_bytes = [[net.ring_bytes(ranks_of[s], b) for b in group_bytes[s]]
                   for s in range(plan.num_stages)]
-    ring_wire_s = [net.ring_wire_s(ranks_of[s], costs[s].weight_bytes)
+    ring_wire_s = [[sum(net.ring_wire_s(ranks_of[s], b) for b in g) for g in closing[s][1]]
                    for s in range(plan.num_stages)]
     ring_rate = [net.ring_rate(ranks_of[s]) for s in range(plan.num_stages)]
-    ring_cpu_s = [net.ring_cpu_s(ranks_of[s], costs[s].weight_bytes)
+    ring_cpu_s = [[net.ring_cpu_s(ranks_of[s], b) for b in group_bytes[s]]
                   for s in range(plan.num_stages)]
+    # per rank of a replicated stage: closing backward's micro-batch -> the round it closes
+    closes: list[dict[int, int]] = [{} for _ in range(world)]
+    for r in range(world):
+        if plan.stages[stage_of[r]].replicas > 1:
+            ends = sched.closing_backwards(acts[r])
+            last_b = None
+            for a in acts[r]:
+                if a.kind == "B":
+                    last_b = a.mb
+                elif a.kind == "AR":
+                    if last_b in ends:
+                        closes[r][last_b] = a.mb
+                    last_b = None
     last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
                   for s in range(plan.num_stages)]
     memory = [
@@ -697,10 +762,13 @@ def simulate(
     link_free: dict[tuple[int, int], float] = defaultdict(float)
     nic_free = [0.0] * world  # a rank sends one message at a time, whatever the peer
     link_use: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
-    ar_arrived: dict[tuple[int, int], list[float]] = defaultdict(list)
+    ar_arrived: dict[tuple[int, int, int], int] = defaultdict(int)  # replicas in
     ar_end: dict[tuple[int, int], float] = {}
-    ar_queue: list[list[int]] = [[] for _ in plan.stages]  # rounds ready, in order
-    ar_running: list[tuple[float, int, int] | None] = [None] * plan.num_stages
+    # (round, group) all-reduces ready, in the order the engine runs them
+    ar_queue: list[list[tuple[int, int]]] = [[] for _ in plan.stages]
+    ar_running: list[tuple[float, int, int, int] | None] = [None] * plan.num_stages
+    sent = [0] * world  # bucket groups the rank handed to the ring this round
+    chunks_left: dict[int, tuple[int, list[tuple[float, int | None]]]] = {}
     ar_use: list[list[tuple[float, float]]] = [[] for _ in plan.stages]
     waiting_ar: dict[tuple[int, int], list[int]] = defaultdict(list)
     compute: list[list[Interval]] = [[] for _ in range(world)]
@@ -709,43 +777,57 @@ def simulate(
     copied = [False] * world  # the AR under way has copied its gradients
     done: dict[int, float] = {}  # micro-batch -> end of stage 0's backward
 
+    def hand_over(t: float, rank: int, rnd: int, group: int) -> None:
+        """The rank hands a group of its round's buckets to the engine; once every
+        replica has, the group's all-reduce queues behind the stage's earlier ones."""
+        stage = stage_of[rank]
+        sent[rank] += 1
+        key = (stage, rnd, group)
+        ar_arrived[key] += 1
+        if ar_arrived[key] == plan.stages[stage].replicas:
+            del ar_arrived[key]
+            ar_queue[stage].append((rnd, group))
+            start_round(t, stage)
+
     def start_round(t: float, stage: int) -> None:
-        """The stage's next ready round: on every replica's NIC for ring_s, and on each
-        replica's comm thread for its CPU work (the engine runs rounds one at a time)."""
+        """The stage's next ready group of buckets: on every replica's NIC for its ring
+        time, and on each replica's comm thread for its CPU work (the engine runs
+        all-reduces one at a time)."""
         if ar_running[stage] is not None or not ar_queue[stage]:
             return
-        rnd = ar_queue[stage].pop(0)
-        ar_running[stage] = (t, rnd, len(ranks_of[stage]) + 1)
+        rnd, g = ar_queue[stage].pop(0)
+        ar_running[stage] = (t, rnd, g, len(ranks_of[stage]) + 1)
         # each replica sends its share of the ring when its NIC is through with the
         # messages before it, and those sent later queue behind it; its token bucket
         # sends the first bytes at once
         wire_end = t
         replicas = ranks_of[stage]
         level = net.bucket_key(replicas)
-        sent = ring_bytes[stage]
+        nbytes = ring_bytes[stage][g]
         rate = ring_rate[stage]
         for r in replicas:
             begin = max(t, nic_free[r])
-            wire = bucket(r, level).send(begin, sent, rate) if sent > 0 else 0.0
-            nic_free[r] = begin + ring_s[stage] - ring_wire_s[stage] + wire
+            wire = bucket(r, level).send(begin, nbytes, rate) if nbytes > 0 else 0.0
+            nic_free[r] = begin + ring_s[stage][g] - ring_wire_s[stage][g] + wire
             wire_end = max(wire_end, nic_free[r])
         push(wire_end, ("wire", stage, rnd))
         for r in ranks_of[stage]:
-            start_job(t, r, ("comm", r, stage, rnd), ring_cpu_s[stage])
+            start_job(t, r, ("comm", r, stage, rnd, g), ring_cpu_s[stage][g])
 
     def part_done(t: float, stage: int) -> None:
         """One of a round's parts (the wire, a replica's CPU work) ended at t."""
         running = ar_running[stage]
         assert running is not None
-        begin, rnd, left = running
+        begin, rnd, g, left = running
         if left > 1:
-            ar_running[stage] = (begin, rnd, left - 1)
+            ar_running[stage] = (begin, rnd, g, left - 1)
             return
         ar_running[stage] = None
-        ar_end[(stage, rnd)] = t
         ar_use[stage].append((begin, t))
-        for other in waiting_ar.pop((stage, rnd), []):
-            wake(t, other)
+        if g == len(ring_s[stage]) - 1:  # the round's last group: its update may go
+            ar_end[(stage, rnd)] = t
+            for other in waiting_ar.pop((stage, rnd), []):
+                wake(t, other)
         start_round(t, stage)
 
     def compute_action(t: float, rank: int, work: float) -> None:
@@ -755,6 +837,27 @@ def simulate(
             cold[rank] = False
         started[rank] = t
         start_job(t, rank, ("compute", rank), work)
+
+    def handoff_s(stage: int, groups: Sequence[int]) -> float:
+        """The rank's hand-off of these groups' buckets to the ring: their copy into the
+        engine's buffer and what a replicated round loses beyond its actions and its
+        ring's bytes (`replica_s_per_byte`, fitted to a real round)."""
+        cost = costs[stage]
+        if cost.weight_bytes <= 0:
+            return 0.0
+        per_byte = cost.copy_s / cost.weight_bytes + profile.replica_s_per_byte
+        return per_byte * sum(group_bytes[stage][g] for g in groups)
+
+    def next_chunk(t: float, rank: int, first: bool) -> None:
+        """The next chunk of the rank's closing backward, with the hand-off of the group
+        it completes."""
+        _, chunks = chunks_left[rank]
+        work, group = chunks[0]
+        work += handoff_s(stage_of[rank], [] if group is None else [group])
+        if first:
+            compute_action(t, rank, work)
+        else:
+            start_job(t, rank, ("compute", rank), work)
 
     def run(rank: int, t: float) -> None:
         """Run the rank's actions from its program counter until it waits or computes."""
@@ -769,6 +872,10 @@ def simulate(
                     d += cost.copy_s if memory[rank].forward(a.mb) else 0.0
                 else:
                     memory[rank].backward_done(a.mb)
+                if a.kind == "B" and a.mb in closes[rank]:  # wait-free: bucket by bucket
+                    chunks_left[rank] = (closes[rank][a.mb], list(closing[stage][0]))
+                    next_chunk(t, rank, first=True)
+                    return
                 compute_action(t, rank, d)
                 return
             if a.kind in ("SF", "SB"):
@@ -797,19 +904,18 @@ def simulate(
                         ready_at[key] = t
                     return
             elif a.kind == "AR":
-                work = cost.copy_s + cost.weight_bytes * profile.replica_s_per_byte
+                # the groups its backward did not hand over leave now, after their copy
+                rest = range(sent[rank], len(ring_s[stage]))
+                work = handoff_s(stage, rest)
                 if work > 0 and not copied[rank]:
                     copied[rank] = True  # first into the engine's buffer, on this thread
                     started[rank] = t
                     start_job(t, rank, ("compute", rank), work)
                     return
                 copied[rank] = False
-                round_key = (stage, a.mb)
-                ar_arrived[round_key].append(t)
-                if len(ar_arrived[round_key]) == plan.stages[stage].replicas:
-                    del ar_arrived[round_key]
-                    ar_queue[stage].append(a.mb)
-                    start_round(t, stage)
+                for g in rest:
+                    hand_over(t, rank, a.mb, g)
+                sent[rank] = 0
             elif a.kind == "U":
                 if plan.stages[stage].replicas > 1:
                     due = a.mb if a.mb == last_round[stage] else a.mb - (staleness - 1)
@@ -824,6 +930,15 @@ def simulate(
             pc[rank] += 1
 
     def finish_compute(rank: int, t: float) -> None:
+        if rank in chunks_left:  # a chunk of a closing backward: its group leaves
+            rnd, chunks = chunks_left[rank]
+            _, group = chunks.pop(0)
+            if group is not None:
+                hand_over(t, rank, rnd, group)
+            if chunks:
+                next_chunk(t, rank, first=False)
+                return
+            del chunks_left[rank]
         a = acts[rank][pc[rank]]
         compute[rank].append(Interval(rank, str(a), started[rank], t))
         if a.kind == "B" and stage_of[rank] == 0:
@@ -886,7 +1001,7 @@ def simulate(
         reports.append(StageReport(
             stage=s, start=sp.start, end=sp.end, replicas=sp.replicas,
             forward_s=costs[s].forward_s, backward_s=costs[s].backward_s,
-            allreduce_s=ring_s[s],
+            allreduce_s=sum(ring_s[s]),
             busy=sum(busy_rank[r] for r in ranks_of[s]) / sp.replicas,
             in_flight=max(m.peak_in_flight for m in held),
             weight_versions=max(m.peak_versions for m in held),
