@@ -5,6 +5,7 @@ import json
 import re
 import sys
 
+import pytest
 from mpirun import run_mpi
 
 from pipesgd.pipeline.plan import Plan
@@ -15,6 +16,7 @@ from pipesgd.planner import (
     fit_pipeline_overhead,
     fit_replica_overhead,
 )
+from pipesgd.planner.calibrate import scaled_compute
 
 RUN = ("-m", "pipesgd.cli", "pipeline", "--model", "mlp", "--data", "digits", "--plan", "auto",
        "--epochs", "1", "--steps", "10", "--no-progress")
@@ -69,9 +71,13 @@ def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
     straight = prof.extra["pipeline_run"]
     plan = Plan.from_dict(straight["plan"])
     assert [s.replicas for s in plan.stages] == [1, 1] and straight["measured_s"] > 0
-    unfitted = dataclasses.replace(prof, stage_excess_s=0.0, replica_s_per_byte=0.0)
-    assert fit_pipeline_overhead(unfitted, topo, plan, straight["measured_s"]) \
-        .stage_excess_s == prof.stage_excess_s
+    # (or, where the run was faster than simulated, the factor its layers were scaled by)
+    factor = straight["compute_factor"]
+    unfitted = dataclasses.replace(scaled_compute(prof, 1 / factor), stage_excess_s=0.0,
+                                   replica_s_per_byte=0.0)
+    refit = fit_pipeline_overhead(unfitted, topo, plan, straight["measured_s"])
+    assert refit.stage_excess_s == pytest.approx(prof.stage_excess_s, rel=1e-6, abs=1e-12)
+    assert refit.extra["pipeline_run"]["compute_factor"] == pytest.approx(factor, rel=1e-6)
     # a real round of the model replicated on both ranks, and its charge
     measured = prof.extra["replica_round"]
     assert measured["replicas"] == 2 and measured["measured_s"] > 0, measured
@@ -105,3 +111,38 @@ def test_summary_says_when_the_run_changed_the_chosen_plan():
         "auto plan (pipedream): predicted 500 samples/s, measured 450 samples/s"
     changed = auto.summary(450.0, chosen.replace(schedule="gpipe"))
     assert "the prediction is for" in changed and "gpipe" in changed
+
+
+def test_auto_plan_on_a_network_file_plans_on_it_instead_of_measuring(tmp_path):
+    # as `pipesgd timing measure --json` writes it: 2 ranks on 1 Gbit/s links
+    from pipesgd.timing.cluster import describe_cluster
+
+    net = dataclasses.replace(describe_cluster("1Gbit", "50us", cores=2, ranks_per_host=1),
+                              measured_p=2)
+    path = tmp_path / "net.json"
+    net.save(path)
+    out = pipeline("--network", str(path), "--json", str(tmp_path / "r.json")).stdout
+    ran = plans_run(out)
+    assert sorted(ran) == [0, 1] and ran[0] == ran[1], out
+    auto = json.loads((tmp_path / "r.json").read_text())["auto_plan"]
+    assert auto["network"] == f"--network {path} ({net.source})"
+    level, = auto["topology"]["levels"]
+    assert level["count"] == 2 and level["bandwidth"] == pytest.approx(1e9 / 8)
+    assert level["latency"] == pytest.approx(50e-6)
+    # data parallelism was predicted on the file's network and charged its real run
+    assert "data_parallel_run" in ModelProfile.from_dict(auto["profile"]).extra
+    both = pipeline("--network", str(path), "--bandwidth", "1Gbit", expect_success=False)
+    assert both.returncode == 2 and "give one of --topology, --bandwidth and --network" \
+        in both.stdout + both.stderr, both.stdout
+
+
+def test_cluster_options_without_plan_auto_are_refused():
+    import argparse
+
+    from pipesgd.pipeline import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    with pytest.raises(SystemExit, match="--bandwidth and --memory describe the job for "
+                                         "--plan auto"):
+        cli.run(parser.parse_args(["--bandwidth", "1Gbit", "--memory", "1GB"]))

@@ -715,10 +715,33 @@ def test_the_stage_excess_is_fitted_to_a_measured_pipeline():
     topo = HierarchicalTopology((Level(2, 1e15),), shared_cores=SharedCores(1, 2))
     slow = fit_pipeline_overhead(prof, topo, plan, micro_batch_s=20.0)
     assert simulate(plan, slow, topo).time_per_micro_batch_s == pytest.approx(20.0, rel=1e-6)
-    # a run faster than its simulation: nothing to add
-    assert fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 2.0).stage_excess_s == 0.0
+    # a run faster than its simulation: nothing to add, and a profile not scaled from
+    # its layers alone (`calibrate`) is not scaled back
+    faster = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 2.0)
+    assert faster.stage_excess_s == 0.0 and faster.layers == prof.layers
+    assert faster.extra["pipeline_run"]["compute_factor"] == 1.0
     with pytest.raises(ValueError, match="positive number of seconds"):
         fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 0.0)
+
+
+def test_a_pipeline_faster_than_simulated_scales_the_layers_back_toward_alone():
+    # The layers' times were scaled x2 to whole models run beside each other
+    # (`calibrate`); the straight pipeline (F + B + U = 3.5 s per micro-batch simulated)
+    # ran in 2/3 of that: every layer's times x 2/3. One that ran in 1 s gets them back
+    # to alone (x 1/2), and the simulation can go no faster (1.75 s).
+    prof = dataclasses.replace(
+        with_costs(chain([1.0, 1.0], [2.0, 2.0]), update_s=0.5),
+        extra={"calibration": {"forward": 2.0, "backward": 2.0, "update": 2.0}})
+    plan = Plan((StagePlan(0, 1), StagePlan(1, 2)), micro_batch=4)
+    assert simulate(plan, prof).time_per_micro_batch_s == pytest.approx(3.5)
+    fitted = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, micro_batch_s=3.5 * 2 / 3)
+    assert fitted.extra["pipeline_run"]["compute_factor"] == pytest.approx(2 / 3, rel=1e-6)
+    assert fitted.stage_excess_s == 0.0
+    assert [lp.backward_s for lp in fitted.layers] == pytest.approx([4 / 3] * 2, rel=1e-6)
+    assert [lp.update_s for lp in fitted.layers] == pytest.approx([1 / 3] * 2, rel=1e-6)
+    floor = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, micro_batch_s=1.0)
+    assert floor.extra["pipeline_run"]["compute_factor"] == 0.5
+    assert simulate(plan, floor).time_per_micro_batch_s == pytest.approx(1.75)
 
 
 def test_the_stage_excess_round_trips_through_json_and_is_checked():

@@ -2,9 +2,10 @@
 
     mpirun -n 4 pipesgd pipeline --model cnn --plan auto --bandwidth 1Gbit --memory 64MB
 
-Every rank takes the cluster from --topology or --bandwidth as `pipesgd plan` does, or
-else from the job's own network (`measure_network`, all ranks, one level of p workers at
-its β and α, sharing the cores it counted). Rank 0 profiles the model the run builds (its
+Every rank takes the cluster from --topology, --bandwidth or --network (a network
+`pipesgd timing measure` wrote) as `pipesgd plan` does, or else from the job's own
+network (`measure_network`, all ranks, one level of p workers at its β and α, sharing the
+cores it counted). Rank 0 profiles the model the run builds (its
 `LayerModel`, at the run's micro-batch, one thread; scaled to the whole model's run on
 every rank at once, as training will share the hosts, and on CPUs charged what a
 replicated round and a data-parallel run of it took beyond their models:
@@ -152,13 +153,13 @@ def decide(args: argparse.Namespace, model: Any, comm: Any) -> AutoPlan:
     except ValueError as err:
         raise AutoPlanError(str(err)) from err
     workers = comm.Get_size()
-    given = bool(args.topology or args.bandwidth)
+    given = bool(args.topology or args.bandwidth or getattr(args, "network", None))
     measured = None
     try:
         # the same on every rank, and so are their errors
         batch, micro = batch_sizes(args)
         if given:
-            topology, network = _given_topology(args, workers)
+            topology, network, measured = _given_topology(args, workers)
     except errors as err:
         raise AutoPlanError(str(err)) from err
     if not given:
@@ -250,19 +251,23 @@ def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:
         f"alpha {net.alpha_s * 1e6:.3g} us"), net
 
 
-def _given_topology(args: argparse.Namespace, workers: int) -> tuple[Any, str]:
-    """(the cluster --topology or --bandwidth describes, its description)."""
-    from pipesgd.planner.cli import topology_of
+def _given_topology(args: argparse.Namespace, workers: int) -> tuple[Any, str, Any]:
+    """(the cluster --topology, --bandwidth or --network describes, its description, the
+    measured `NetworkParams` of --network or None)."""
+    from pipesgd.planner.cli import cluster_of
 
-    topo = topology_of(argparse.Namespace(topology=args.topology, bandwidth=args.bandwidth,
-                                          latency=args.latency, workers=None if
-                                          args.topology else workers))
+    network = getattr(args, "network", None)
+    topo, measured = cluster_of(argparse.Namespace(
+        topology=args.topology, bandwidth=args.bandwidth, latency=args.latency,
+        network=network, workers=None if args.topology else workers))
     if topo.num_workers != workers:
         raise ValueError(f"--topology {args.topology!r} has {topo.num_workers} workers but "
                          f"the job runs {workers} ranks: run `mpirun -n {topo.num_workers} "
                          "...` or describe this job's ranks")
+    if network:
+        return topo, f"--network {network} ({measured.source})", measured
     return topo, (f"--topology {args.topology}" if args.topology else
-                  f"--bandwidth {args.bandwidth} --latency {args.latency}")
+                  f"--bandwidth {args.bandwidth} --latency {args.latency}"), None
 
 
 def _choose(args: argparse.Namespace, prof: Any, workers: int, topology: Any,

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "ranks, e.g. 1Gbit (default: measure the network)")
     parser.add_argument("--latency", default="20us",
                         help="with --plan auto --bandwidth: one-way latency (default 20us)")
+    parser.add_argument("--network", metavar="FILE",
+                        help="with --plan auto: a network `pipesgd timing measure --json "
+                        "FILE` wrote, instead of measuring this job's")
     parser.add_argument("--memory", help="with --plan auto: memory per worker, e.g. 512MB "
                         "(default: no budget)")
     parser.add_argument("--schedule", choices=("1f1b", "1f1b-rr", "gpipe", "async"),
@@ -183,6 +186,12 @@ def _plan(args, num_layers: int, world: int, chosen=None):
 
 
 def run(args: argparse.Namespace) -> int:
+    cluster = [flag for flag, value in (
+        ("--topology", args.topology), ("--bandwidth", args.bandwidth),
+        ("--network", args.network), ("--memory", args.memory)) if value]
+    if cluster and args.plan != AUTO:
+        raise SystemExit(f"pipesgd pipeline: {' and '.join(cluster)} describe the job for "
+                         "--plan auto, which chooses the plan: add --plan auto, or drop them")
     import torch
     from mpi4py import MPI
 

@@ -7,7 +7,8 @@ every candidate of its family:
 - `fit_pipeline_overhead`: the pipeline of one stage per rank the chooser offers
   (`planner.straight_pipeline`, `pipeline.runtime.pipeline_micro_batch_s`) against the
   simulator, charged as CPU work per micro-batch to every stage of every plan
-  (`ModelProfile.stage_excess_s`);
+  (`ModelProfile.stage_excess_s`), or, where it ran faster than simulated, its layers'
+  times scaled down towards what they took alone;
 - `fit_replica_overhead`: a round of the whole model replicated on every rank
   (`pipeline.runtime.replicated_round_s`) against the simulator, charged per weight byte
   to every replicated stage's hand-off to the ring (`ModelProfile.replica_s_per_byte`);
@@ -18,7 +19,7 @@ every candidate of its family:
 
 Each charge is the smallest that makes the model as slow as the run; 0 where the model is
 that slow already. The pipeline's is fitted first: the replicated round is simulated with
-it.
+it, and the data-parallel iteration predicted with its layers.
 """
 
 from __future__ import annotations
@@ -64,15 +65,21 @@ def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology 
                           plan: Plan, micro_batch_s: float) -> ModelProfile:
     """`profile` with the `stage_excess_s` that makes the simulator time a micro-batch of
     `plan` on `topology` as a real run of it took (`micro_batch_s`, in the steady state:
-    `pipeline.runtime.pipeline_micro_batch_s`); 0 where the simulation is that slow
-    already. The plan, the measured and the simulated seconds go in
-    `extra["pipeline_run"]`.
+    `pipeline.runtime.pipeline_micro_batch_s`). Where the simulation is slower than the
+    run, no charge: its layers' forward, backward and update times scaled by the one
+    factor that matches the run instead, at least what `calibrate` scaled them from
+    (the layers alone). The plan, the measured and the simulated seconds and that
+    factor (1: none) go in `extra["pipeline_run"]`.
 
     On shared cores a stage's micro-batch costs more than its layers as the profile ran
     them and the runtime's own time: the activations arrive from another process, the
     saved tensors of several micro-batches in flight share the caches, every stage's
     thread wants a core. Charged as CPU work per micro-batch to every stage, it grows
     with the stages a plan has, as the loss does (`bench/planner.py`; BENCHMARKS.md).
+    It can cost less, too: the profile is scaled to whole models run on every rank at
+    once (`calibrate`), and a stage holds a part of the model, which shares the caches
+    with fewer bytes (the small MLP's straight pipelines on 3 and 4 ranks of 2 cores ran
+    their micro-batches 15-34 % faster than so simulated).
 
     Raises:
         ValueError: a time that is not a positive number of seconds.
@@ -84,10 +91,44 @@ def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology 
                         topology).time_per_micro_batch_s
 
     unfitted = per_micro_batch(0.0)
-    excess = _charge_reaching(per_micro_batch, micro_batch_s, micro_batch_s - unfitted)
-    return replace(profile, stage_excess_s=excess, extra={
+    factor, excess = 1.0, 0.0
+    if unfitted > micro_batch_s:
+        factor = _factor_reaching(profile, topology, plan, micro_batch_s)
+    else:
+        excess = _charge_reaching(per_micro_batch, micro_batch_s, micro_batch_s - unfitted)
+    return replace(scaled_compute(profile, factor), stage_excess_s=excess, extra={
         **profile.extra, "pipeline_run": {"plan": plan.to_dict(), "measured_s": micro_batch_s,
-                                          "simulated_without_s": unfitted}})
+                                          "simulated_without_s": unfitted,
+                                          "compute_factor": factor}})
+
+
+def scaled_compute(profile: ModelProfile, factor: float) -> ModelProfile:
+    """`profile` with every layer's forward, backward and update times times `factor`."""
+    if factor == 1.0:
+        return profile
+    return replace(profile, layers=tuple(
+        replace(lp, forward_s=lp.forward_s * factor, backward_s=lp.backward_s * factor,
+                update_s=lp.update_s * factor) for lp in profile.layers))
+
+
+def _factor_reaching(profile: ModelProfile, topology: HierarchicalTopology | str,
+                     plan: Plan, micro_batch_s: float) -> float:
+    """The factor of the layers' times at which the simulator times a micro-batch of
+    `plan` as `micro_batch_s` (bisected; the simulation grows with it), at least the
+    one that undoes `calibrate`'s scaling of any of forward, backward and update."""
+    scaled_by = profile.extra.get("calibration", {}).values()
+    low = min(1.0, max((1.0 / f for f in scaled_by if f > 0), default=1.0))
+    high = 1.0
+
+    def per_micro_batch(factor: float) -> float:
+        return simulate(plan, scaled_compute(profile, factor), topology).time_per_micro_batch_s
+
+    if per_micro_batch(low) >= micro_batch_s:
+        return low
+    for _ in range(30):
+        mid = (low + high) / 2
+        low, high = (mid, high) if per_micro_batch(mid) < micro_batch_s else (low, mid)
+    return high
 
 
 def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
@@ -161,4 +202,5 @@ def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopo
             "predicted_without_s": unfitted}})
 
 
-__all__ = ["fit_data_parallel_overhead", "fit_pipeline_overhead", "fit_replica_overhead"]
+__all__ = ["fit_data_parallel_overhead", "fit_pipeline_overhead", "fit_replica_overhead",
+           "scaled_compute"]
