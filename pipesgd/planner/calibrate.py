@@ -18,7 +18,8 @@ every candidate of its family:
   (`ModelProfile.step_excess_s`).
 
 Each charge is the smallest that makes the model as slow as the run; 0 where the model is
-that slow already. The pipeline's is fitted first: the replicated round is simulated with
+that slow already (the pipeline's then scales the layers down instead, to what they took
+alone at most). The pipeline's is fitted first: the replicated round is simulated with
 it, and the data-parallel iteration predicted with its layers.
 """
 
