@@ -136,18 +136,19 @@ def test_round_robin_accumulating_with_uneven_replicas_joins_every_round():
 
 
 def test_closing_backwards_are_each_rounds_last_before_its_all_reduce():
+    # (micro-batch of the closing backward -> the round its all-reduce closes)
     # replica 0 of stage 0 takes micro-batches 0, 2, 4, 6, 8 and replica 1 takes 1, 3,
     # 5, 7, two per round: rounds {0, 2}, {4, 6}, {8}; {1, 3}, {5, 7} and an empty one
     plan = Plan(stages=(StagePlan(0, 3, 2), StagePlan(3, 5, 1)), schedule="1f1b-rr",
                 micro_batches_per_step=2)
     table = sched.build(plan, 9)
-    assert sched.closing_backwards(table[0]) == {2, 6, 8}
-    assert sched.closing_backwards(table[1]) == {3, 7}
-    assert sched.closing_backwards(table[2]) == set()  # no all-reduce: no replicas
+    assert sched.closing_backwards(table[0]) == {2: 0, 6: 1, 8: 2}
+    assert sched.closing_backwards(table[1]) == {3: 0, 7: 1}  # its last round: none
+    assert sched.closing_backwards(table[2]) == {}  # no all-reduce: no replicas
     # by hand: the backward nearest before each all-reduce, forwards in between or not
     acts = [Action.parse(t) for t in ("0F0", "0B0", "0F1", "0AR0", "0U0", "0B1", "0AR1",
                                       "0U1", "0AR2", "0U2")]
-    assert sched.closing_backwards(acts) == {0, 1}
+    assert sched.closing_backwards(acts) == {0: 0, 1: 1}
 
 
 def test_lowering_adds_matching_sends_and_receives():

@@ -194,18 +194,19 @@ def lower(plan: Plan, compute: Schedule) -> Schedule:
     return out
 
 
-def closing_backwards(actions: Sequence[Action]) -> set[int]:
+def closing_backwards(actions: Sequence[Action]) -> dict[int, int]:
     """The micro-batches of one rank's action list whose backward is the last before an
-    all-reduce (AR): no later backward adds to the gradients it makes, so a replica may
-    start reducing them during it (PipeDream's wait-free rule)."""
-    out: set[int] = set()
+    all-reduce (AR), each with the round that AR closes: no later backward adds to the
+    gradients it makes, so a replica may start reducing them during it (PipeDream's
+    wait-free rule)."""
+    out: dict[int, int] = {}
     last = None
     for a in actions:
         if a.kind == "B":
             last = a.mb
         elif a.kind == "AR":
             if last is not None:
-                out.add(last)
+                out[last] = a.mb
             last = None
     return out
 

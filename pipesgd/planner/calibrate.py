@@ -51,6 +51,13 @@ def _charge_reaching(model_s: Callable[[float], float], measured_s: float,
         if model_s(high) >= measured_s:
             break
         low, high = high, 2 * high
+    return _least_reaching(model_s, measured_s, low, high)
+
+
+def _least_reaching(model_s: Callable[[float], float], measured_s: float, low: float,
+                    high: float) -> float:
+    """The least x in [low, high] at which `model_s(x)`, which grows with x, reaches
+    `measured_s` (`model_s(high)` does), bisected."""
     for _ in range(30):
         mid = (low + high) / 2
         low, high = (mid, high) if model_s(mid) < measured_s else (low, mid)
@@ -126,10 +133,7 @@ def _factor_reaching(profile: ModelProfile, topology: HierarchicalTopology | str
 
     if per_micro_batch(low) >= micro_batch_s:
         return low
-    for _ in range(30):
-        mid = (low + high) / 2
-        low, high = (mid, high) if per_micro_batch(mid) < micro_batch_s else (low, mid)
-    return high
+    return _least_reaching(per_micro_batch, micro_batch_s, low, high)
 
 
 def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,

@@ -665,18 +665,8 @@ def simulate(
     ring_cpu_s = [[net.ring_cpu_s(ranks_of[s], b) for b in group_bytes[s]]
                   for s in range(plan.num_stages)]
     # per rank of a replicated stage: closing backward's micro-batch -> the round it closes
-    closes: list[dict[int, int]] = [{} for _ in range(world)]
-    for r in range(world):
-        if plan.stages[stage_of[r]].replicas > 1:
-            ends = sched.closing_backwards(acts[r])
-            last_b = None
-            for a in acts[r]:
-                if a.kind == "B":
-                    last_b = a.mb
-                elif a.kind == "AR":
-                    if last_b in ends:
-                        closes[r][last_b] = a.mb
-                    last_b = None
+    closes = [sched.closing_backwards(acts[r]) if plan.stages[stage_of[r]].replicas > 1
+              else {} for r in range(world)]
     last_round = [max((a.mb for a in acts[ranks_of[s][0]] if a.kind == "U"), default=-1)
                   for s in range(plan.num_stages)]
     memory = [
