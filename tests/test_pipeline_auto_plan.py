@@ -16,7 +16,7 @@ from pipesgd.planner import (
     fit_pipeline_overhead,
     fit_replica_overhead,
 )
-from pipesgd.planner.calibrate import scaled_compute
+from pipesgd.planner.profile import scaled_compute
 
 RUN = ("-m", "pipesgd.cli", "pipeline", "--model", "mlp", "--data", "digits", "--plan", "auto",
        "--epochs", "1", "--steps", "10", "--no-progress")
@@ -89,6 +89,10 @@ def test_auto_plan_measures_the_network_without_bandwidth(tmp_path):
     run = prof.extra["data_parallel_run"]
     assert run["measured_s"] > 0 and run["batch_size"] == auto["batch_size"], run
     assert (prof.step_excess_s > 0) == (run["measured_s"] > run["predicted_without_s"]), run
+    # or, where it ran faster, its layers scaled down (as far as they took alone)
+    assert run["compute_factor"] == prof.step_compute_factor <= 1.0, run
+    if prof.step_compute_factor < 1.0:
+        assert run["measured_s"] < run["predicted_without_s"], run
 
 
 def test_no_plan_within_memory_exits_2_on_every_rank():

@@ -14,6 +14,7 @@ from pipesgd.planner.choose import (
     data_parallel_pick,
     data_parallel_profile,
 )
+from pipesgd.planner.profile import scaled_compute
 from pipesgd.planner.topology import HierarchicalTopology
 from pipesgd.timing import describe_cluster
 from pipesgd.timing.model import Config
@@ -182,19 +183,60 @@ def test_a_data_parallel_run_slower_than_predicted_charges_its_excess_to_every_c
     shared = describe_cluster("1Gbit", "1us", cores=2, ranks_per_host=4)
     on_shared = fit_data_parallel_overhead(prof, topo, 30e-3, pipe_sgd, 8, shared)
     assert on_shared.step_excess_s == pytest.approx(3e-3, abs=1e-5)
-    # a run faster than its prediction: nothing to add
-    assert fit_data_parallel_overhead(prof, topo, 10e-3, pipe_sgd, 8).step_excess_s == 0.0
+    # a run faster than its prediction: nothing to add (and, with the layers as they
+    # ran alone, nothing to take off either)
+    faster = fit_data_parallel_overhead(prof, topo, 10e-3, pipe_sgd, 8)
+    assert faster.step_excess_s == 0.0 and faster.step_compute_factor == 1.0
     with pytest.raises(ValueError, match="positive number of seconds"):
         fit_data_parallel_overhead(prof, topo, 0.0, pipe_sgd, 8)
 
 
-def test_the_step_excess_round_trips_through_json_and_is_checked():
+def test_a_data_parallel_run_faster_than_predicted_scales_its_layers_toward_alone():
+    # heavy_activations' 12 ms of compute per Pipe-SGD iteration at batch 8, scaled by
+    # `calibrate` by 1.5 from what the layers took alone (8 ms at the least)
+    prof = dataclasses.replace(heavy_activations(), extra={
+        "calibration": {"forward": 1.5, "backward": 1.5, "update": 1.5}})
+    topo = HierarchicalTopology.parse("4x[1Gbit]")
+    pipe_sgd = Config(2, "none", "sequential")
+    fitted = fit_data_parallel_overhead(prof, topo, 10e-3, pipe_sgd, 8)
+    assert fitted.step_excess_s == 0.0
+    assert fitted.step_compute_factor == pytest.approx(10 / 12, rel=1e-3)  # + the ring's µs
+    assert fitted.extra["data_parallel_run"]["compute_factor"] == fitted.step_compute_factor
+    dp = data_parallel_profile(fitted, 8)
+    assert dp.forward_s + dp.backward_s == pytest.approx(10e-3, rel=1e-3)
+    assert data_parallel_pick(fitted, topo, 8).predicted_s == pytest.approx(10e-3, rel=1e-3)
+    # the pipelines keep their layers: the run was data parallelism's
+    assert fitted.layers == prof.layers
+    pipeline = by_family(choose(fitted, topo, batch_size=8))["straight"]
+    assert pipeline.samples_per_s == pytest.approx(
+        by_family(choose(prof, topo, batch_size=8))["straight"].samples_per_s)
+    # never faster than the layers alone: 2/3 of the profile at the most
+    floor = fit_data_parallel_overhead(prof, topo, 6e-3, pipe_sgd, 8)
+    assert floor.step_compute_factor == pytest.approx(2 / 3, rel=1e-9)
+    # nor below what the pipeline's fit left them at (already scaled by 0.8 there)
+    piped = dataclasses.replace(
+        scaled_compute(prof, 0.8),
+        extra={**prof.extra, "pipeline_run": {"compute_factor": 0.8}})
+    assert fit_data_parallel_overhead(piped, topo, 6e-3, pipe_sgd, 8) \
+        .step_compute_factor == pytest.approx((2 / 3) / 0.8, rel=1e-9)
+    # a later fit starts again from the layers, whatever the profile carried
+    again = fit_data_parallel_overhead(fitted, topo, 11e-3, pipe_sgd, 8)
+    assert again.step_compute_factor == pytest.approx(11 / 12, rel=1e-3)
+
+
+def test_the_step_excess_and_factor_round_trip_through_json_and_are_checked():
     prof = dataclasses.replace(heavy_activations(), step_excess_s=2e-3)
     assert ModelProfile.from_dict(prof.to_dict()).step_excess_s == 2e-3
     older = {k: v for k, v in prof.to_dict().items() if k != "step_excess_s"}
     assert ModelProfile.from_dict(older).step_excess_s == 0.0
     with pytest.raises(ValueError, match="step_excess_s"):
         dataclasses.replace(prof, step_excess_s=-1e-3)
+    scaled = dataclasses.replace(prof, step_compute_factor=0.75)
+    assert ModelProfile.from_dict(scaled.to_dict()).step_compute_factor == 0.75
+    assert ModelProfile.from_dict(older).step_compute_factor == 1.0  # before the factor
+    for bad in (0.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match="step_compute_factor"):
+            dataclasses.replace(prof, step_compute_factor=bad)
 
 
 def test_dp_network_overrides_the_topology():

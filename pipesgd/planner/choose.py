@@ -58,7 +58,7 @@ from pipesgd.timing.profile import Profile
 
 from .madpipe import madpipe, smallest_budget
 from .pipedream import pipedream, to_plan
-from .profile import ModelProfile
+from .profile import ModelProfile, scaled_compute
 from .simulate import SimulationResult, batch_scale, simulate
 from .topology import HierarchicalTopology, Level, as_topology, parse_bytes
 
@@ -180,11 +180,11 @@ def at_batch(profile: ModelProfile, batch: int) -> ModelProfile:
 
 def data_parallel_profile(profile: ModelProfile, batch_size: int) -> Profile:
     """The timing model's whole-model profile from the per-layer one at `batch_size`:
-    forward (with the loss), backward and optimizer steps summed (with the profile's
-    `step_excess_s`, CPU work per iteration that a real run showed beyond them), gradient
-    bytes = weight bytes, each layer's gradient ready when the backward (last layer
-    first) has passed it."""
-    scaled = at_batch(profile, batch_size)
+    forward (with the loss), backward and optimizer steps summed (the layers' times by
+    the profile's `step_compute_factor`, with its `step_excess_s`: what a real run showed
+    less or more than them), gradient bytes = weight bytes, each layer's gradient ready
+    when the backward (last layer first) has passed it."""
+    scaled = at_batch(scaled_compute(profile, profile.step_compute_factor), batch_size)
     backward = sum(lp.backward_s for lp in scaled.layers)
     ready, elapsed = [], 0.0
     for lp in reversed(scaled.layers):

@@ -96,6 +96,9 @@ class ModelProfile:
         step_excess_s: what a data-parallel iteration costs each worker beyond the
             timing model's account of it, in seconds of CPU work per iteration (fitted to
             a real run by `planner.fit_data_parallel_overhead`; 0: none measured).
+        step_compute_factor: the factor of the layers' times in a data-parallel
+            iteration, where a real run of it took less than the timing model predicted
+            from them (fitted by `planner.fit_data_parallel_overhead`; 1: none).
         stage_excess_s: what a pipeline stage's micro-batch costs beyond its layers, the
             runtime's own time and its messages, in seconds of CPU work per micro-batch
             (fitted to a real run of a pipeline by `planner.fit_pipeline_overhead`; 0:
@@ -111,6 +114,7 @@ class ModelProfile:
     cold_s_per_byte: float = 0.0
     replica_s_per_byte: float = 0.0
     step_excess_s: float = 0.0
+    step_compute_factor: float = 1.0
     stage_excess_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -124,6 +128,9 @@ class ModelProfile:
         if not isinstance(self.batch_size, int) or self.batch_size < 0:
             raise ValueError(f"batch_size must be an integer >= 0, got {self.batch_size!r}")
         _check_figures(self, _MODEL_FIGURES)
+        if not self.step_compute_factor > 0:
+            raise ValueError("step_compute_factor must be a number > 0, got "
+                             f"{self.step_compute_factor!r}")
 
     @classmethod
     def from_columns(
@@ -204,7 +211,7 @@ class ModelProfile:
             layers,
             batch_size=int(data.get("batch_size", 0)),
             source=str(data.get("source", "")),
-            **{key: float(data.get(key, 0.0)) for key in _MODEL_FIGURES},
+            **{key: float(data.get(key, _DEFAULTS[key])) for key in _MODEL_FIGURES},
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -222,9 +229,20 @@ class ModelProfile:
                          cls.from_dict)
 
 
-# The model-wide figures (floats, 0 where not measured), as named in the JSON too; a
-# field's type reads "float" under postponed annotations, `float` without them.
+def scaled_compute(profile: ModelProfile, factor: float) -> ModelProfile:
+    """`profile` with every layer's forward, backward and update times times `factor`."""
+    if factor == 1.0:
+        return profile
+    return replace(profile, layers=tuple(
+        replace(lp, forward_s=lp.forward_s * factor, backward_s=lp.backward_s * factor,
+                update_s=lp.update_s * factor) for lp in profile.layers))
+
+
+# The model-wide figures (floats; 0, or the factor 1, where not measured), as named in
+# the JSON too; a field's type reads "float" under postponed annotations, `float`
+# without them.
 _MODEL_FIGURES = tuple(f.name for f in fields(ModelProfile) if f.type in ("float", float))
+_DEFAULTS = {f.name: f.default for f in fields(ModelProfile)}  # what older profiles lack
 
 
 # --------------------------------------------------------------------- measuring
