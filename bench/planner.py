@@ -21,7 +21,8 @@ MLP and the CNN of `pipesgd pipeline`:
    family the chooser ranks (`pipesgd.planner.choose`: data parallelism with the
    configuration the timing model ranks first, PipeDream's plan, the straight pipeline)
    if it is not among them, so the pick is measured beside each;
-3. runs every kept plan for real, in rounds (each plan once per round, `--rounds`), and
+3. runs every kept plan for real, in rounds (each plan once per round, `--rounds`, for
+   `--micro-batches` or a second at its predicted rate, whichever is longer), and
    takes the steady-state samples/s as the simulator does: micro-batches completed by
    the first stage between the end of the startup and the start of the drain (data
    parallelism: its steps after three of warm-up, without the drain of the allreduces
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -60,6 +62,10 @@ from common import (
 HERE = Path(__file__).resolve()
 MEDIAN_ERROR, WORST_ERROR, PICK_WITHIN = 0.15, 0.30, 0.05
 MICRO_BATCH = {"mlp": 64, "cnn": 16}
+# Each plan is timed for about this long at the least (by its predicted rate): 64 of the
+# MLP's micro-batches took a fifth of a second, and a plan's three rounds read up to 1.5
+# times apart (4 ranks on 2 cores: 8.6, 12.1 and 9.0k samples/s).
+MIN_WINDOW_S = 1.0
 DEFAULT_SCENARIOS = "shm-p3,shm-p4,1gbit-p3,1gbit-p4"
 
 
@@ -180,15 +186,19 @@ def worker(args: argparse.Namespace) -> int:
             return kept, pick, prof.to_dict()
 
         kept, pick, prof = decided_on_root(comm, decide)
-        x, y = synthetic(4096, spec.input_shape, spec.num_classes, seed=0)
+        for k in kept:
+            k["micro_batches"] = max(args.micro_batches,
+                                     math.ceil(k["predicted"] * MIN_WINDOW_S / mb))
+        samples = mb * (max(k["micro_batches"] for k in kept) + 2 * size)  # + warm-up
+        x, y = synthetic(max(4096, samples), spec.input_shape, spec.num_classes, seed=0)
         data = MicroBatches(x, y, mb, seed=0)
         measured: dict[str, list[float]] = {k["label"]: [] for k in kept}
         for _ in range(args.rounds):
             for k in kept:
                 if "plan" in k:
-                    rate = run_pipeline(comm, spec, k["plan"], data, args.micro_batches)
+                    rate = run_pipeline(comm, spec, k["plan"], data, k["micro_batches"])
                 else:
-                    rate = data_parallel_throughput(spec, mb, args.micro_batches // size,
+                    rate = data_parallel_throughput(spec, mb, k["micro_batches"] // size,
                                                     x, y, drain=False, **k["data_parallel"])
                 measured[k["label"]].append(rate)
                 if rank == 0:
@@ -299,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-shape", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=64,
-                    help="micro-batches per timed epoch")
+                    help="micro-batches per timed epoch at the least (more where they "
+                    f"would take under {MIN_WINDOW_S:g} s at the predicted rate)")
     add_launcher_arguments(ap, timeout_s=1800)
     args = ap.parse_args(argv)
     if args.worker:

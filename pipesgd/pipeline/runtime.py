@@ -43,6 +43,12 @@ from .timeline import Timeline
 LOOKAHEAD = 8  # actions ahead whose receives are posted early
 DATA_PARALLEL_BATCHES = 16  # distinct batches `data_parallel_iteration_s` cycles through
 CALIBRATION_RUNS = 4  # parts a calibration run is timed in, judged by their median
+# The most a calibration run counts (rounds, iterations, micro-batches per rank): enough
+# that a small model's run takes about a second, not a quarter. With the MLP at 64
+# samples on 4 ranks of 2 cores, six runs in a row spread (max/min) 1.24-1.25 under a
+# cap of 24 and 1.09-1.12 under 128 or more (data parallelism, two launches), its
+# replicated rounds 1.18-1.48 against 1.12-1.18.
+CALIBRATION_CAP = 128
 
 
 @dataclass
@@ -621,7 +627,7 @@ def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: i
 
 
 def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
-                       rounds: int = 24, budget_s: float = 2.0) -> float | None:
+                       rounds: int = CALIBRATION_CAP, budget_s: float = 2.0) -> float | None:
     """Seconds one update round of `model` takes when every rank of `comm` is a replica
     of it (the whole model as one stage, 1F1B-RR: each rank's forward, backward, the
     gradient's ring all-reduce and the step): after two rounds of warm-up, `rounds` more
@@ -679,7 +685,8 @@ def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
 
 
 def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
-                           budget_s: float = 2.0, per_rank: int = 16) -> float | None:
+                           budget_s: float = 2.0,
+                           per_rank: int = CALIBRATION_CAP // 4) -> float | None:
     """Seconds per micro-batch of `plan` run on the ranks of `comm`, in its steady state
     (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of 4 to `per_rank`
     micro-batches per rank (as many as fit in `budget_s`); the median epoch's. The
@@ -718,7 +725,7 @@ def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
 
 def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
                               staleness: int = 2, compression: str = "none",
-                              overlap: str = "sequential", steps: int = 24,
+                              overlap: str = "sequential", steps: int = CALIBRATION_CAP,
                               budget_s: float = 2.0) -> float | None:
     """Seconds one iteration of `model` takes under data parallelism on every rank of
     `comm` (`pipesgd.DistributedOptimizer` over SGD with `staleness`, `compression` and

@@ -193,7 +193,7 @@ def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopo
     configurations, which run the same step (`bench/planner.py`). It can cost less, too
     (the timing model's account of shared cores is a model): a run faster than predicted
     left data parallelism ranked too slow beside pipelines fitted to their own runs in
-    7 of 20 scenario-models of `bench/planner.py` (up to 8 % apart).
+    8 of 20 scenario-models of `bench/planner.py` (up to 8 % apart).
 
     Raises:
         ValueError: an iteration that is not a positive time.
