@@ -107,7 +107,8 @@ def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology 
     unfitted = per_micro_batch(0.0)
     factor, excess = 1.0, 0.0
     if unfitted > micro_batch_s:
-        # the floor of the layers as profiled, a factor fitted before undone
+        # the floor from `calibrate` alone: a pipeline factor in `extra` is the one this
+        # fit replaces
         unscaled = {k: v for k, v in profile.extra.items() if k != "pipeline_run"}
         factor = _factor_reaching(scaled_by, micro_batch_s,
                                   _layers_alone(replace(profile, extra=unscaled)))
