@@ -43,8 +43,9 @@ from .timeline import Timeline
 LOOKAHEAD = 8  # actions ahead whose receives are posted early
 DATA_PARALLEL_BATCHES = 16  # distinct batches `data_parallel_iteration_s` cycles through
 CALIBRATION_RUNS = 4  # parts a calibration run is timed in, judged by their median
-# The most a calibration run counts (rounds, iterations, micro-batches per rank): enough
-# that a small model's run takes about a second, not a quarter. With the MLP at 64
+# The most a calibration run counts over its CALIBRATION_RUNS parts (rounds, iterations,
+# or a pipeline's micro-batches per rank): enough that a small model's run takes about a
+# second, not a quarter. With the MLP at 64
 # samples on 4 ranks of 2 cores, six runs in a row spread (max/min) 1.24-1.25 under a
 # cap of 24 and 1.09-1.12 under 128 or more (data parallelism, two launches), its
 # replicated rounds 1.18-1.48 against 1.12-1.18.
@@ -686,7 +687,7 @@ def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
 
 def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
                            budget_s: float = 2.0,
-                           per_rank: int = CALIBRATION_CAP // 4) -> float | None:
+                           per_rank: int = CALIBRATION_CAP // CALIBRATION_RUNS) -> float | None:
     """Seconds per micro-batch of `plan` run on the ranks of `comm`, in its steady state
     (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of 4 to `per_rank`
     micro-batches per rank (as many as fit in `budget_s`); the median epoch's. The

@@ -96,24 +96,20 @@ def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology 
     """
     _check_seconds("micro_batch_s", micro_batch_s)
 
-    def per_micro_batch(excess: float) -> float:
-        return simulate(plan, replace(profile, stage_excess_s=excess),
-                        topology).time_per_micro_batch_s
+    def simulated(prof: ModelProfile) -> float:
+        return simulate(plan, prof, topology).time_per_micro_batch_s
 
-    def scaled_by(factor: float) -> float:
-        return simulate(plan, scaled_compute(profile, factor),
-                        topology).time_per_micro_batch_s
-
-    unfitted = per_micro_batch(0.0)
+    base = replace(profile, stage_excess_s=0.0)
+    unfitted = simulated(base)
     factor, excess = 1.0, 0.0
     if unfitted > micro_batch_s:
         # the floor from `calibrate` alone: a pipeline factor in `extra` is the one this
         # fit replaces
-        unscaled = {k: v for k, v in profile.extra.items() if k != "pipeline_run"}
-        factor = _factor_reaching(scaled_by, micro_batch_s,
-                                  _layers_alone(replace(profile, extra=unscaled)))
+        factor = _factor_reaching(lambda f: simulated(scaled_compute(base, f)),
+                                  micro_batch_s, _layers_alone(base))
     else:
-        excess = _charge_reaching(per_micro_batch, micro_batch_s, micro_batch_s - unfitted)
+        excess = _charge_reaching(lambda e: simulated(replace(base, stage_excess_s=e)),
+                                  micro_batch_s, micro_batch_s - unfitted)
     return replace(scaled_compute(profile, factor), stage_excess_s=excess, extra={
         **profile.extra, "pipeline_run": {"plan": plan.to_dict(), "measured_s": micro_batch_s,
                                           "simulated_without_s": unfitted,
@@ -129,13 +125,13 @@ def _factor_reaching(model_s: Callable[[float], float], measured_s: float,
     return _least_reaching(model_s, measured_s, low, 1.0)
 
 
-def _layers_alone(profile: ModelProfile) -> float:
+def _layers_alone(profile: ModelProfile, applied: float = 1.0) -> float:
     """The factor that undoes `calibrate`'s scaling of the layers' forward, backward and
-    update times (the most of the three), and the pipeline fit's (what they took alone):
-    the least a fit scales them by."""
+    update times (the most of the three), and a factor `applied` to them since: the
+    least a fit scales them by (to what they took alone)."""
     scaled_by = profile.extra.get("calibration", {}).values()
     low = min(1.0, max((1.0 / f for f in scaled_by if f > 0), default=1.0))
-    return min(1.0, low / profile.extra.get("pipeline_run", {}).get("compute_factor", 1.0))
+    return min(1.0, low / applied)
 
 
 def fit_replica_overhead(profile: ModelProfile, topology: HierarchicalTopology | str,
@@ -210,8 +206,9 @@ def fit_data_parallel_overhead(profile: ModelProfile, topology: HierarchicalTopo
     unfitted = predicted(base)
     factor, excess = 1.0, 0.0
     if unfitted > iteration_s:
+        piped = base.extra.get("pipeline_run", {}).get("compute_factor", 1.0)
         factor = _factor_reaching(lambda f: predicted(replace(base, step_compute_factor=f)),
-                                  iteration_s, _layers_alone(base))
+                                  iteration_s, _layers_alone(base, piped))
     else:
         excess = _charge_reaching(lambda e: predicted(replace(base, step_excess_s=e)),
                                   iteration_s, iteration_s - unfitted)
