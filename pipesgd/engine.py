@@ -251,6 +251,8 @@ class Engine:
           network: test, then ``sched_yield``, so a peer or the kernel's network work
           sharing the core runs at once (as Open MPI does when oversubscribed). A link
           that bursts after idling (a token bucket) delivers faster than naps follow.
+          A peer that has not started the operation for twenty naps' time is late:
+          the wait naps from then on, leaving the cores to the ranks that compute.
         - ``"sleep"``: ``poll_while_waited=False``: nap between tests as at any other
           time.
         """

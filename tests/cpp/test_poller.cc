@@ -82,6 +82,29 @@ void a_waiting_thread_stops_the_sleeps() {
   EXPECT(yield.checks == 49 && yield.seconds < 0.2, "kYield: no sleep between tests");
 }
 
+// Tests of a 120 ms wait that a thread waits on (kYield) made after its first
+// kLateNaps naps' time and 5 ms more.
+int tests_once_late(Poller& poller, bool teaches) {
+  const auto t0 = Clock::now();
+  const auto since = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  const double late_s = Poller::kLateNaps * 1e-3 + 0.005;
+  int late = 0;
+  poller.until([&] { const double t = since(); late += t > late_s; return t > 0.120; },
+               [](Clock::time_point) {}, [] { return WaitedPolling::kYield; }, teaches);
+  return late;
+}
+
+void a_late_peer_stops_the_yields() {
+  // poll_us 1 ms: past kLateNaps ms a header's wait (not teaching) naps 1 ms between
+  // tests, so at most ~95 tests in the last 95 ms (nanosleep never returns early); a
+  // data wait keeps yielding, test after test.
+  Poller poller(0, 1'000, 1'000, false);
+  poller.note_progress();
+  EXPECT(tests_once_late(poller, false) <= 96,
+         "a peer late for kLateNaps naps' time: the wait naps poll_us instead of yielding");
+  EXPECT(tests_once_late(poller, true) > 200, "a data wait keeps yielding while a thread waits");
+}
+
 void a_check_that_throws_ends_the_wait() {
   Poller poller(0, 1'000, 1'000, false);
   poller.note_progress();
@@ -137,6 +160,7 @@ int main() {
   sleeps_back_off_only_while_streaming();
   a_late_peer_does_not_back_off();
   a_waiting_thread_stops_the_sleeps();
+  a_late_peer_stops_the_yields();
   a_check_that_throws_ends_the_wait();
   woken_waits_spin_or_yield_then_doze();
   std::printf("poller: %d failures\n", selftest::failures);
