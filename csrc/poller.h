@@ -20,8 +20,8 @@
 //   for no sleep at all (its core is idle; a nap only adds a descheduled peer's
 //   lateness), with or without sched_yield (WaitedPolling).
 // - Late: a peer that has not started for kLateNaps naps' time (an operation's header)
-//   is late, not skewed: a wait that would yield (ranks share cores) naps poll_us
-//   between tests instead, so a nap adds at most 1/kLateNaps of the wait. Yielding
+//   is late, not skewed: a wait that would yield (ranks share cores, or a network) naps
+//   poll_us between tests instead, so a nap adds at most 1/kLateNaps of the wait. Yielding
 //   through a late peer takes the CPU of the ranks that compute beside it: a pipeline's
 //   replica whose peer hands its gradient over a period later burnt 0.35-0.66 of a core
 //   yielding through its update, 0.20-0.30 napping, with data parallelism's iterations
@@ -99,7 +99,9 @@ class Poller {
       const auto missed = Clock::now();
       check(missed);
       WaitedPolling idle = mode();
-      if (idle == WaitedPolling::kYield && late(began, missed, teaches)) idle = WaitedPolling::kSleep;
+      if (idle == WaitedPolling::kYield && late(began, missed, teaches)) {
+        idle = WaitedPolling::kSleep;
+      }
       int asked_us = 0;
       if (idle == WaitedPolling::kSleep && !spins(missed)) {
         asked_us = teaches ? sleep_us_ : poll_us_;
