@@ -21,11 +21,10 @@
 //   lateness), with or without sched_yield (WaitedPolling).
 // - Late: a peer that has not started for kLateNaps naps' time (an operation's header)
 //   is late, not skewed: a wait that would yield (ranks share cores, or a network) naps
-//   poll_us between tests instead, so a nap adds at most 1/kLateNaps of the wait. Yielding
-//   through a late peer takes the CPU of the ranks that compute beside it: a pipeline's
-//   replica whose peer hands its gradient over a period later burnt 0.35-0.66 of a core
-//   yielding through its update, 0.20-0.30 napping, with data parallelism's iterations
-//   unchanged (docs/engine.md, "Polling").
+//   poll_us between tests instead, so a nap adds at most 1/kLateNaps of the wait.
+//   Yielding through a late peer takes the CPU of the ranks that compute beside it (a
+//   pipeline's replica waiting a period for its peer in every update; docs/engine.md,
+//   "Polling", has the measurement).
 #pragma once
 
 #include <sched.h>
