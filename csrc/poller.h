@@ -67,8 +67,9 @@ class Poller {
   // the wall clock is the link's pace, and judging by it spends 15-27 % less CPU per
   // operation (bench/allreduce.py --netem, cpu column).
   Poller(int spin_us, int poll_us, int poll_max_us, bool judge_by_last_test)
-      : spin_(spin_us), poll_us_(poll_us), poll_max_us_(poll_max_us),
-        judge_by_last_test_(judge_by_last_test), sleep_us_(poll_us), max_sleep_us_(poll_us) {}
+      : spin_(spin_us), late_after_(static_cast<long>(kLateNaps) * poll_us), poll_us_(poll_us),
+        poll_max_us_(poll_max_us), judge_by_last_test_(judge_by_last_test),
+        sleep_us_(poll_us), max_sleep_us_(poll_us) {}
 
   // A new operation starts: its first events usually follow at once.
   void note_progress() {
@@ -149,8 +150,7 @@ class Poller {
   // Whether a wait begun at `began` has waited for a late peer (not `teaches`: an
   // operation's header) longer than kLateNaps naps of poll_us.
   bool late(Clock::time_point began, Clock::time_point now, bool teaches) const {
-    return !teaches && poll_us_ > 0 &&
-           now - began > std::chrono::microseconds(static_cast<long>(kLateNaps) * poll_us_);
+    return !teaches && poll_us_ > 0 && now - began > late_after_;
   }
   bool spins(Clock::time_point now) const {
     return spinning_pays_ && now - last_progress_ <= spin_;
@@ -162,6 +162,7 @@ class Poller {
   }
 
   const std::chrono::microseconds spin_;
+  const std::chrono::microseconds late_after_;  // kLateNaps naps of poll_us
   const int poll_us_;
   const int poll_max_us_;
   const bool judge_by_last_test_;
