@@ -273,32 +273,6 @@ def test_dsync_buckets_beside_backward_share_the_cores():
     assert free.details["unshared_fraction"] == 0.0
 
 
-def test_pipe_sgd_moves_toward_d_sync_in_its_own_overlap_mode():
-    # Part of Pipe-SGD's allreduce does not overlap compute (0 < f < 1). Overlapped, it
-    # moves toward D-Sync + overlap (buckets beside backward), not toward D-Sync's
-    # allreduce after backward; D-Sync's burst saving is not Pipe-SGD's (its links never
-    # idle).
-    pr = prof()
-    half = net(cores=2, ranks_per_host=None, beta_cpu_s_per_byte=4e-10, load_latency_s=2e-3)
-    for overlap in ("sequential", "backward"):
-        pipe = predict(pr, half, 4, staleness=2, overlap=overlap, segments=4)
-        sync = predict(pr, half, 4, staleness=1, overlap=overlap, segments=4)
-        f = pipe.details["unshared_fraction"]
-        assert 0.0 < f < 1.0
-        alone = max(pipe.compute_s, pipe.comm_s + pipe.details["load_delay_s"],
-                    pipe.details["cpu_bound_s"])
-        assert pipe.predicted_s == pytest.approx(f * sync.predicted_s + (1 - f) * alone)
-        bursty = dataclasses.replace(half, burst_bytes=64 << 10)
-        assert predict(pr, bursty, 4, staleness=1, overlap=overlap,
-                       segments=4).predicted_s < sync.predicted_s
-        assert predict(pr, bursty, 4, staleness=2, overlap=overlap,
-                       segments=4).predicted_s == pytest.approx(pipe.predicted_s)
-    ovl = predict(pr, half, 4, staleness=2, overlap="backward", segments=4)
-    seq_serial = ovl.compute_s + ovl.comm_s + 2e-3
-    d_ovl = predict(pr, half, 4, staleness=1, overlap="backward", segments=4).predicted_s
-    assert d_ovl < seq_serial  # so the overlapped Pipe-SGD gains from its buckets too
-
-
 @pytest.mark.parametrize("p, waits", [(2, False), (3, True), (4, True)])
 def test_d_sync_waits_for_a_core_only_when_the_ranks_that_left_take_them_all(p, waits):
     # p ranks of one compute thread each on 2 cores: the p - 1 ranks that leave the

@@ -50,8 +50,7 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   of a host keep u = R W_cpu / (C W) of its cores busy. Beside R t compute threads their
   fair share is 1 / (t + 1) of the cores; the part of their demand beyond it,
   f = (u - 1/(t+1)) / (1 - 1/(t+1)), does not overlap with compute: Pipe-SGD's iteration
-  is f of the way from the overlapped one above to D-Sync's in the same overlap mode
-  (sequential: compute + W + λ_load; overlapped: D-Sync + overlap's, bursts aside), and
+  is f of the way from the overlapped one above to D-Sync's compute + W + λ_load, and
   D-Sync + overlap's f of the way to its buckets run after backward. (TCP links without
   a token bucket, 2 ranks per core: the kernel's packet work keeps the cores busy while
   the ring runs alone, u 0.7-1.0, and Pipe-SGD ran level with D-Sync;
@@ -622,8 +621,7 @@ def predict(
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
                                      sum(core_wait_seconds(c, network) for c in costs))
         overlapped = max(compute_wall, loaded, cpu_bound)
-        serial = _dsync_seconds(profile, network, p, compression, overlap, segments,
-                                segment_bytes, bucket_bytes) if unshared else 0.0
+        serial = compute_wall + comm_wall + last_step_wait
         iteration = toward_serial(overlapped, serial, unshared)
         serialized = iteration > overlapped
         if serialized:
@@ -690,18 +688,6 @@ def predict(
             "cores": C,
         },
     )
-
-
-def _dsync_seconds(profile: Profile, network: NetworkParams, p: int, compression: str,
-                   overlap: str, segments: int | None, segment_bytes: int,
-                   bucket_bytes: int) -> float:
-    """D-Sync's iteration in the same compression and overlap on links that never idle
-    long enough to refill a burst (Pipe-SGD's): where Pipe-SGD's allreduce does not
-    progress beside compute, its iteration is what D-Sync's would be (sequential:
-    compute + W + λ_load; overlapped: buckets beside backward, then the tail after it)."""
-    steady = dataclasses.replace(network, burst_bytes=0.0)
-    return predict(profile, steady, p, 1, compression, overlap, segments,
-                   segment_bytes=segment_bytes, bucket_bytes=bucket_bytes).predicted_s
 
 
 def choose(
