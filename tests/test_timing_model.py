@@ -123,6 +123,25 @@ def test_dsync_overlap_hides_communication_behind_backward():
     assert ovl.predicted_s == pytest.approx(0.035 + one)
 
 
+
+def test_sequential_runs_the_optimizers_buckets_back_to_back():
+    # Gradients of 1, 2 and 1 MB in the order backward makes them; 2 MB buckets are the
+    # optimizer's three allreduces, all after backward: D-Sync pays each ring's latency
+    # and sync, Pipe-SGD (communication-bound here) each one's time.
+    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4, gradient_bytes=4e6,
+              gradient_ready=[(1e6, 0.3), (2e6, 0.6), (1e6, 1.0)])
+    rings = sum(ring_allreduce_cost(b, 4, net(), "none").wall() for b in (1e6, 2e6, 1e6))
+    for k, compute in ((1, 3e-4), (2, 0.0)):
+        seq = predict(pr, net(), 4, staleness=k, bucket_bytes=2_000_000)
+        assert seq.segments == 3
+        assert seq.predicted_s == pytest.approx(compute + rings)
+    # one bucket is eq. 5, and so is `segments`' paper form
+    one = predict(pr, net(), 4, staleness=1, bucket_bytes=8_000_000)
+    eq5 = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
+    assert one.segments == 1 and one.predicted_s == pytest.approx(3e-4 + eq5)
+    paper = predict(pr, net(), 4, staleness=1, segments=3)
+    assert paper.predicted_s == pytest.approx(one.predicted_s)
+
 def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
     pr = prof(gradient_bytes=40e6)
     nw = net(beta_s_per_byte=1e-10)

@@ -55,6 +55,12 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   a token bucket, 2 ranks per core: the kernel's packet work keeps the cores busy while
   the ring runs alone, u 0.7-1.0, and Pipe-SGD ran level with D-Sync;
   docs/timing_model.md.)
+* Buckets: the optimizer reduces its L buckets (`bucket_plan`) one allreduce each, so
+  every bucket pays its ring's latency, sync and core waits. Sequential communication
+  (eq. 5) submits them all after backward, back to back (over 0.25 MB buckets, three
+  allreduces of the MLP at 2.5 Gbit/s, p = 3: one put D-Sync+Q 12.7 % and Pipe-SGD
+  23.7 % under their measurements, three 4.2 and 6.5 %); `segments` keeps the paper's
+  single allreduce there.
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). On shared
@@ -513,8 +519,10 @@ def predict(
         compression: "none", "trunc16" or "quant8".
         overlap: "sequential" (allreduce after backward) or "backward" (buckets start as
             backward produces them).
-        segments: L, allreduces per iteration when overlapping (None: buckets of
-            `bucket_bytes`); sequential communication is one allreduce (eq. 5).
+        segments: L, allreduces per iteration when overlapping, in equal buckets, with
+            sequential communication one allreduce (eqs. 6 and 5). None: the optimizer's
+            buckets of `bucket_bytes`, which sequential communication also runs one
+            allreduce each, after backward.
         segment_bytes: the engine's ring segment (quant8 carries a scale per segment).
 
     Raises:
@@ -540,10 +548,13 @@ def predict(
     l_comp = l_for + l_back
     single = l_up + l_comp
 
-    # Sequential communication is one allreduce of everything after backward (eq. 5);
-    # only overlapping splits the gradient into L buckets (eq. 6).
+    # Overlapped, the L buckets leave as backward makes their gradients (eq. 6).
+    # Sequential, the optimizer's buckets leave after backward, one allreduce each, back
+    # to back; eq. 5's single allreduce where `segments` asks for the paper's forms.
     if p > 1 and overlap == "backward":
         buckets = bucket_plan(profile, segments, bucket_bytes)
+    elif p > 1 and segments is None:
+        buckets = [(size, 1.0) for size, _ in bucket_plan(profile, None, bucket_bytes)]
     else:
         buckets = [(n, 1.0)]
     R = _ranks_per_host(network, p)

@@ -43,8 +43,8 @@ from pipesgd.train.loop import TrainConfig, build_optimizer, prepare
 # Bucket sizes tried for overlap during backward (MiB): small buckets start communicating
 # early in backward, and each pays the ring's latency and a synchronisation.
 BUCKET_MB: tuple[float, ...] = (1.0, 4.0, 25.0)
-# Sequential communication submits every bucket after backward; the timing model counts it
-# as one allreduce, which the largest bucket comes closest to.
+# Sequential communication submits every bucket after backward, one allreduce each, back
+# to back: the fewest buckets cost least.
 SEQUENTIAL_BUCKET_MB = DEFAULT_BUCKET_BYTES / (1 << 20)
 # measure_network's repetitions, as bench/timing_suite.py measures: 1.3-1.5 s on 2 ranks
 # sharing a 2-core VM over shared memory; it grows with slower links and busy cores.
