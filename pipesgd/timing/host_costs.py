@@ -135,9 +135,10 @@ def _engine_cpu_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: i
     `STEP_PROBE_BYTES` costs beyond its bytes, per step (posting, polling and completing
     each step's messages: over TCP between 3 ranks of a 2-core host, 60-75 µs per
     step, where the bytes of a 0.25 MB bucket's quant8 step cost 30 µs). Taken with no
-    thread blocked in `wait`, as when Pipe-SGD computes beside them: a waiting caller
-    makes the comm thread poll without napping (its core is idle then), which is not
-    what communication costs the compute beside it (`wait_unwatched`)."""
+    thread
+    blocked in `wait`, as when Pipe-SGD computes beside them: a waiting caller makes
+    the comm thread poll without napping (its core is idle then), which is not what
+    communication costs the compute beside it (`wait_unwatched`)."""
     import numpy as np
 
     from pipesgd.polling import wait_unwatched
