@@ -342,32 +342,6 @@ def test_shared_cores_stretch_compute_and_bind_pipe_sgd():
     assert free.predicted_s == pytest.approx(0.035)
 
 
-def test_each_ring_step_costs_its_comm_thread_cpu_beyond_its_bytes():
-    # 0.5 ms per step: an allreduce of 4 ranks takes 6 steps, three buckets 18, all
-    # charged to the comm threads' CPU (what they take from compute on shared cores),
-    # none to the wire.
-    base = net(cores=2, ranks_per_host=None)
-    stepped = dataclasses.replace(base, step_cpu_s=5e-4)
-    one, more = (ring_allreduce_cost(4e6, 4, nw, "quant8") for nw in (base, stepped))
-    assert more.cpu == pytest.approx(one.cpu + 6 * 5e-4)
-    assert more.wall() == pytest.approx(one.wall())
-    pr = prof(gradient_ready=[(1e6, 0.3), (2e6, 0.6), (1e6, 1.0)])
-    for overlap in ("sequential", "backward"):
-        plain, busy = (predict(pr, nw, 4, staleness=2, compression="quant8",
-                               overlap=overlap, bucket_bytes=2_000_000)
-                       for nw in (base, stepped))
-        assert busy.details["comm_cpu_s"] == pytest.approx(
-            plain.details["comm_cpu_s"] + 18 * 5e-4)
-        assert busy.details["cpu_bound_s"] == pytest.approx(
-            plain.details["cpu_bound_s"] + 4 * 18 * 5e-4 / 2)
-    old = base.to_dict()
-    del old["step_cpu_s"]  # a description saved before it was measured
-    assert NetworkParams.from_dict(old).step_cpu_s == 0.0
-    assert NetworkParams.from_dict(stepped.to_dict()) == stepped
-    with pytest.raises(ValueError, match="step_cpu_s"):
-        dataclasses.replace(base, step_cpu_s=-1.0)
-
-
 def test_p1_has_no_communication():
     pr = predict(prof(), net(), 1, staleness=1, compression="quant8")
     assert pr.predicted_s == pytest.approx(0.035)

@@ -125,8 +125,6 @@ def format_network(net: Any) -> str:
         f"  beta   {net.beta_s_per_byte * 1e9:10.4f} ns/B      "
         f"= {1 / net.beta_s_per_byte / 1e9:.2f} GB/s per ring step",
         f"  beta_cpu {net.beta_cpu_s_per_byte * 1e9:8.4f} ns/B      CPU burnt per byte moved",
-        f"  step_cpu {net.step_cpu_s * 1e6:8.1f} us        CPU burnt per ring step beyond "
-        "its bytes",
         f"  burst  {net.burst_bytes / 1e3:10.1f} kB        sent at line rate after idling",
         *([f"  flow   {net.flow_beta_s_per_byte * 1e9:10.4f} ns/B      "
            f"= {1 / net.flow_beta_s_per_byte / 1e9:.2f} GB/s for one flow alone"]

@@ -19,9 +19,6 @@ from pipesgd.timing.link_probes import per_wire_byte, slowest_seconds
 from pipesgd.timing.network import COMPRESSED_MODES, KernelCosts, default_cores
 from pipesgd.timing.spread import interquartile_range, median_spread
 
-# An allreduce small enough that its bytes cost its comm thread little beside its steps.
-STEP_PROBE_BYTES = 16 << 10
-
 
 def _time_each(call: Callable[[], None], repeats: int) -> list[float]:
     times = []
@@ -126,25 +123,19 @@ def measure_in_place(comm: Any, engine: Any, nbytes: int, repeats: int) -> tuple
     return median / nbytes, spread
 
 
-def _engine_cpu_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
-                      gamma: float) -> tuple[float, float]:
-    """(CPU seconds per wire byte of engine allreduces beyond their reductions, CPU
-    seconds per ring step beyond its bytes) (collective).
+def _engine_cpu_per_wire_byte(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
+                              gamma: float) -> float:
+    """CPU seconds per wire byte of engine allreduces beyond their reductions (collective).
 
-    The first is the slope between the two `sizes`; the second what an allreduce of
-    `STEP_PROBE_BYTES` costs beyond its bytes, per step (posting, polling and completing
-    each step's messages: over TCP between 3 ranks of a 2-core host, 60-75 µs per
-    step, where the bytes of a 0.25 MB bucket's quant8 step cost 30 µs). Taken with no
-    thread
-    blocked in `wait`, as when Pipe-SGD computes beside them: a waiting caller makes
-    the comm thread poll without napping (its core is idle then), which is not what
-    communication costs the compute beside it (`wait_unwatched`)."""
+    Taken with no thread blocked in `wait`, as when Pipe-SGD computes beside them: a
+    waiting caller makes the comm thread poll without napping (its core is idle then),
+    which is not what communication costs the compute beside it (`wait_unwatched`)."""
     import numpy as np
 
     from pipesgd.polling import wait_unwatched
 
     cpu: dict[int, float] = {}
-    for m in (STEP_PROBE_BYTES, *sizes):
+    for m in sizes:
         buf = np.ones(m // 4, dtype=np.float32)
         samples = []
         for i in range(repeats + 2):
@@ -154,11 +145,7 @@ def _engine_cpu_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: i
             if i >= 2:
                 samples.append(time.process_time() - cpu0)
         cpu[m] = statistics.median(samples)
-    p = comm.Get_size()
-    per_byte = per_wire_byte(cpu, sizes, p, gamma)
-    steps = 2 * (p - 1)
-    bytes_cpu = steps / p * STEP_PROBE_BYTES * per_byte + (p - 1) / p * STEP_PROBE_BYTES * gamma
-    return per_byte, max(0.0, cpu[STEP_PROBE_BYTES] - bytes_cpu) / steps
+    return per_wire_byte(cpu, sizes, comm.Get_size(), gamma)
 
 
 class Spinner:
@@ -266,21 +253,17 @@ def load_latency_from(idle: list[list[float]], loaded: list[list[float]],
 
 
 def engine_costs(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int, gamma: float,
-                  ranks_on_node: int) -> tuple[float, float, float, float]:
-    """(β_cpu, CPU per ring step, load latency, its spread), measured on `engine`
-    (collective).
+                  ranks_on_node: int) -> tuple[float, float, float]:
+    """(β_cpu, load latency, its spread), measured on `engine` (collective).
 
     β_cpu: the CPU the comm thread burns per wire byte, or, where ranks and comm threads
-    outnumber the cores, what communication takes from compute, if that is more. CPU per
-    step: beyond its bytes (`_engine_cpu_costs`). Load latency (`_engine_load_latency`):
-    only where cores are shared, else 0."""
+    outnumber the cores, what communication takes from compute, if that is more. Load
+    latency (`_engine_load_latency`): only where cores are shared, else 0."""
     load_latency = load_spread = 0.0
-    beta_cpu, step_cpu = _engine_cpu_costs(comm, engine, sizes, repeats, gamma)
+    beta_cpu = _engine_cpu_per_wire_byte(comm, engine, sizes, repeats, gamma)
     cores = default_cores()
     if 2 * ranks_on_node > cores:
         beta_cpu = max(beta_cpu, _engine_steal_per_wire_byte(
             comm, engine, sizes, max(3, repeats // 2), gamma, cores, ranks_on_node))
         load_latency, load_spread = _engine_load_latency(comm, engine, 4 * repeats)
-    every = comm.allgather((beta_cpu, step_cpu))
-    return (float(statistics.median(b for b, _ in every)),
-            float(statistics.median(s for _, s in every)), load_latency, load_spread)
+    return float(statistics.median(comm.allgather(beta_cpu))), load_latency, load_spread

@@ -69,8 +69,6 @@ def measure_network(
       softirqs and context switches are charged to whoever they interrupt).
     * load latency (there too): a small engine allreduce with every rank spinning beside
       it, against one alone, per ring step (`host_costs.engine_costs`).
-    * CPU per ring step: what an engine allreduce of 16 KiB costs its comm thread
-      beyond its bytes (β_cpu, γ), per step (`host_costs.STEP_PROBE_BYTES`).
     * γ, copy and kernels: `measure_kernels` on rank 0 alone (one core, the others
       sleeping); the model stretches them itself when ranks share cores.
     * β_in_place: within one node, where the engine lends memory every rank maps, the
@@ -153,7 +151,7 @@ def measure_network(
         spread.update(kernel_spread)
 
         # beta: a ring at two sizes; then the burst, beta_cpu and the load latency
-        beta = beta_cpu = step_cpu = burst = flow_beta = load_latency = in_place = 0.0
+        beta = beta_cpu = burst = flow_beta = load_latency = in_place = 0.0
         if size > 1:
             segment = engine.segment_bytes
             if spans_nodes:
@@ -167,7 +165,7 @@ def measure_network(
                                                      oversubscribed)
                 in_place, spread["in_place"] = measure_in_place(comm, engine,
                                                                  max(large_bytes), repeats)
-            beta_cpu, step_cpu, load_latency, spread["load_latency"] = engine_costs(
+            beta_cpu, load_latency, spread["load_latency"] = engine_costs(
                 comm, engine, large_bytes, min(repeats, 5), gamma, max_on_node)
             beta_cpu = min(beta_cpu, beta)
     finally:
@@ -187,7 +185,6 @@ def measure_network(
         kernels=kernels,
         copy_s_per_byte=copy,
         beta_cpu_s_per_byte=beta_cpu,
-        step_cpu_s=step_cpu,
         burst_bytes=burst,
         flow_beta_s_per_byte=flow_beta,
         load_latency_s=load_latency,

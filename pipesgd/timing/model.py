@@ -28,9 +28,7 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   s_comp = max(1, R t / C). The kernels of R comm threads stretch by s_comm = max(1, R/C)
   when only they run (D-Sync). Pipe-SGD overlaps the two, so its iteration is also bounded
   by the CPU work of the host: R (t l_comp + W_comm) / C, with W_comm = kernels + the CPU
-  the transfer burns (2(p-1) w β_cpu) + what each ring step costs the comm thread beyond
-  its bytes (2(p-1) c_step: over TCP on shared cores, a 0.25 MB bucket's quant8 steps
-  cost it twice their bytes' β_cpu). With free cores (a GPU cluster, C >= R (t + 1))
+  the transfer burns (2(p-1) w β_cpu). With free cores (a GPU cluster, C >= R (t + 1))
   all of this vanishes and the paper's equations remain.
 * Waiting for a core (`load_latency_s`, measured): on shared cores a ring step that runs
   while the compute threads run waits λ_load for its comm thread to be scheduled, less
@@ -355,7 +353,7 @@ def ring_allreduce_cost(
         transfer=transfer,
         kernels=exposed,
         sync=net.sync_s,
-        cpu=kernels + steps * (w * net.beta_cpu_s_per_byte + net.step_cpu_s),
+        cpu=kernels + steps * w * net.beta_cpu_s_per_byte,
         staging=2 * n * net.device_copy_s_per_byte,
         waits=steps,
     )

@@ -95,9 +95,6 @@ class NetworkParams:
         kernels: compression mode -> `KernelCosts` (s per float32 byte), one core.
         copy_s_per_byte: memcpy per byte (packing gradients into a flat buffer), one core.
         beta_cpu_s_per_byte: CPU seconds a rank burns per byte moved on the link.
-        step_cpu_s: CPU seconds a rank's comm thread burns per ring step beyond the
-            bytes it moves (posting, polling and completing the step's messages): what a
-            small allreduce costs it, per step.
         burst_bytes: bytes a link sends at once after idling long enough to refill
             (a token bucket's burst); they cost no β time.
         flow_beta_s_per_byte: link time per byte of one flow while every other link
@@ -137,7 +134,6 @@ class NetworkParams:
     kernels: dict[str, KernelCosts] = field(default_factory=dict)
     copy_s_per_byte: float = 0.0
     beta_cpu_s_per_byte: float = 0.0
-    step_cpu_s: float = 0.0
     burst_bytes: float = 0.0
     flow_beta_s_per_byte: float = 0.0
     load_latency_s: float = 0.0
@@ -170,7 +166,7 @@ class NetworkParams:
                 f"{self.beta_s_per_byte}; e.g. describe_cluster('10Gbit', '20us')"
             )
         for name in ("alpha_s", "gamma_s_per_byte", "sync_s", "copy_s_per_byte",
-                     "beta_cpu_s_per_byte", "step_cpu_s", "burst_bytes", "flow_beta_s_per_byte",
+                     "beta_cpu_s_per_byte", "burst_bytes", "flow_beta_s_per_byte",
                      "load_latency_s", "eager_bytes",
                      "device_copy_s_per_byte", "in_place_s_per_byte"):
             value = getattr(self, name)
