@@ -123,7 +123,6 @@ def test_dsync_overlap_hides_communication_behind_backward():
     assert ovl.predicted_s == pytest.approx(0.035 + one)
 
 
-
 def test_sequential_runs_the_optimizers_buckets_back_to_back():
     # Gradients of 1, 2 and 1 MB in the order backward makes them; 2 MB buckets are the
     # optimizer's three allreduces, all after backward: D-Sync pays each ring's latency

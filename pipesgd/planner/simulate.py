@@ -43,9 +43,7 @@ this simulation repeats in passing), one action at a time:
              `Engine.zeros`), two latencies and n x that rate of CPU instead.
              Where workers share cores, each step also waits for one
              (`SharedCores.load_latency_s` less the step's time on the wire, as the
-             timing model's `steps_core_wait`). After a round's buckets, its
-             micro-batch count (8 bytes) is one more all-reduce, its latencies and
-             waits for a core with it. B_r is the level's bandwidth, or,
+             timing model's `steps_core_wait`). B_r is the level's bandwidth, or,
              where one flow alone was measured faster (links bound by what their hosts
              move in all, as TCP on shared cores is), the level's total over r flows,
              at most that flow's rate (`Level.round_bandwidth`)
@@ -86,10 +84,11 @@ wire and the CPU are done); each replica's share of an all-reduce round (2(r-1)/
 time and every replica's CPU work are done). Without shared cores each worker computes
 alone, and transfers and rounds take their wire time.
 
-Left out: compression of the replicas' all-reduce, gradient and communication buffers
-in memory; a NIC's messages and all-reduces are sent one after another where TCP would
-share the link between them (the same bytes, in another order); the receiving side of a
-link (its own token bucket and NIC).
+Left out: compression of the replicas' all-reduce and the 8-byte all-reduce of their
+micro-batch count after each round (docs/planner.md), gradient and communication
+buffers in memory; a NIC's messages and all-reduces are sent one after another where
+TCP would share the link between them (the same bytes, in another order); the receiving
+side of a link (its own token bucket and NIC).
 
 Example (PipeDream Fig. 4: 4 stages, backward twice the forward):
 
@@ -120,7 +119,6 @@ from .topology import HierarchicalTopology, Level, SharedCores, as_topology
 SATURATED = 0.99  # a resource busier than this in steady state is the bottleneck
 MIN_MEASURED_CYCLES = 4
 REPLICA_BUCKET_BYTES = DEFAULT_BUCKET_BYTES  # the runtime's all-reduce of a replica's round
-COUNT_BYTES = 8  # and of its micro-batch count, one float64 after the buckets
 
 
 @dataclass(frozen=True)
@@ -657,10 +655,8 @@ def simulate(
     # per group the ring's time, bytes sent, time on the wire and CPU work per replica
     closing = [_closing_backward(plan, profile, s) for s in range(plan.num_stages)]
     group_bytes = [[sum(g) for g in groups] for _, groups in closing]
-    ring_s = [[sum(net.ring_s(ranks_of[s], b) for b in g) for g in closing[s][1]]
-              for s in range(plan.num_stages)]
-    for s, times in enumerate(ring_s):  # the micro-batch count follows the last group
-        times[-1] += net.ring_s(ranks_of[s], COUNT_BYTES)
+    ring_s = [[sum(net.ring_s(ranks_of[s], b) for b in g) if g else net.ring_s(ranks_of[s], 0.0)
+               for g in closing[s][1]] for s in range(plan.num_stages)]
     ring_bytes = [[net.ring_bytes(ranks_of[s], b) for b in group_bytes[s]]
                   for s in range(plan.num_stages)]
     ring_wire_s = [[sum(net.ring_wire_s(ranks_of[s], b) for b in g) for g in closing[s][1]]

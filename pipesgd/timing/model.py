@@ -57,10 +57,8 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   docs/timing_model.md.)
 * Buckets: the optimizer reduces its L buckets (`bucket_plan`) one allreduce each, so
   every bucket pays its ring's latency, sync and core waits. Sequential communication
-  (eq. 5) submits them all after backward, back to back (over 0.25 MB buckets, three
-  allreduces of the MLP at 2.5 Gbit/s, p = 3: one put D-Sync+Q 12.7 % and Pipe-SGD
-  23.7 % under their measurements, three 4.2 and 6.5 %); `segments` keeps the paper's
-  single allreduce there.
+  (eq. 5) submits them all after backward, back to back (docs/timing_model.md);
+  `segments` keeps the paper's single allreduce there.
 * Overlap with backward (eq. 6): bucket i can start once its gradients exist (ready times
   from the profile); the comm thread runs buckets one after another. D-Sync + overlap
   waits for the last bucket: l_up + l_for + max(l_back, end of bucket L). On shared
