@@ -141,6 +141,7 @@ def test_sequential_runs_the_optimizers_buckets_back_to_back():
     paper = predict(pr, net(), 4, staleness=1, segments=3)
     assert paper.predicted_s == pytest.approx(one.predicted_s)
 
+
 def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
     pr = prof(gradient_bytes=40e6)
     nw = net(beta_s_per_byte=1e-10)

@@ -517,10 +517,9 @@ def predict(
         compression: "none", "trunc16" or "quant8".
         overlap: "sequential" (allreduce after backward) or "backward" (buckets start as
             backward produces them).
-        segments: L, allreduces per iteration when overlapping, in equal buckets, with
-            sequential communication one allreduce (eqs. 6 and 5). None: the optimizer's
-            buckets of `bucket_bytes`, which sequential communication also runs one
-            allreduce each, after backward.
+        segments: L equal buckets, the paper's forms: eq. 6 overlapped, eq. 5's single
+            allreduce sequential. None: the optimizer's buckets of `bucket_bytes`, one
+            allreduce each either way.
         segment_bytes: the engine's ring segment (quant8 carries a scale per segment).
 
     Raises:
