@@ -61,3 +61,38 @@ def test_every_family_the_chooser_ranks_is_run_beside_the_cuts() -> None:
     assert any(k.get("data_parallel") for k in kept)
     assert pick["label"] == planner.candidate_row(ranked[0])["label"]
     assert pick["family"] == ranked[0].family
+
+
+class OneRank:
+    """The one collective `side_by_side` calls, on a single rank."""
+
+    def bcast(self, obj, root=0):
+        return obj
+
+
+def test_the_pick_runs_in_turn_with_the_two_fastest_other_plans() -> None:
+    plans = [{"label": name, "measured": rate}
+             for name, rate in (("a", 90.0), ("b", 120.0), ("pick", 100.0), ("c", 110.0))]
+    order = []
+    duel = planner.side_by_side(OneRank(), plans, "pick", 4,
+                                lambda k: order.append(k["label"]) or len(order))
+    assert order == ["pick", "b", "c", "b", "c", "pick", "c", "pick", "b", "pick", "b", "c"]
+    assert duel["pick"] == "pick" and list(duel["rounds"]) == ["pick", "b", "c"]
+    assert duel["rounds"]["b"] == [2, 4, 9, 11]  # each plan's rate, round by round
+    assert planner.side_by_side(OneRank(), plans, "pick", 0, lambda k: 1.0) == {}
+
+
+def test_the_pick_is_judged_on_per_round_ratios_against_its_closest_rival() -> None:
+    """The rounds' medians put `b` 10 % ahead of the pick; side by side, round by round,
+    the pick ran 0.98 of `b` (median of 1.0, 0.98, 0.9) and 1.2 of `c`: judged 0.98."""
+    m = {"pick": {"label": "pick"},
+         "plans": [{"label": "pick", "measured": 100.0}, {"label": "b", "measured": 110.0},
+                   {"label": "c", "measured": 105.0}],
+         "side_by_side": {"pick": "pick", "rounds": {"pick": [100.0, 98.0, 90.0],
+                                                     "b": [100.0, 100.0, 100.0],
+                                                     "c": [80.0, 80.0, 80.0]}}}
+    ratio, against = planner.pick_ratio(m)
+    assert ratio == pytest.approx(0.98) and against.startswith("b, side by side over 3")
+    del m["side_by_side"]  # a launch without them: the medians of the rounds
+    ratio, against = planner.pick_ratio(m)
+    assert ratio == pytest.approx(100 / 110) and against == "b, the rounds' medians"
