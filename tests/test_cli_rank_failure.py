@@ -94,3 +94,13 @@ def test_failure_anywhere_names_the_first_rank_unless_all_failed_alike() -> None
     assert failure_anywhere(Ranks(["no such file"] * 3), fails) == "no such file"
     with pytest.raises(KeyError):  # not one of the errors it agrees on: raised here
         failure_anywhere(Ranks([None]), lambda: {}["x"])
+
+
+def test_data_that_cannot_be_read_stops_every_rank_before_training(tmp_path: Path) -> None:
+    """A folder without MNIST's files is refused with the check of the options, so no
+    rank trains or prints a traceback."""
+    proc = run_mpi(2, PIPESGD, "train", "--quiet", "--data", str(tmp_path), python=False,
+                   timeout=90, expect_success=False)
+    assert proc.returncode == 2, proc.stdout
+    assert f"pipesgd train: {tmp_path} lacks train-images-idx3-ubyte" in proc.stdout
+    assert "Traceback" not in proc.stdout, proc.stdout

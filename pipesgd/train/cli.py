@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     import pipesgd
     from pipesgd.train import loop
+    from pipesgd.train.data import check_source
 
     comm = MPI.COMM_WORLD
     base = config_from_args(args)
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
     def check_options() -> None:
         check_auto_options(args)
+        check_source(args.data)
         presets.extend(parse_presets(args.compare) if args.compare else [])
         if args.model not in BUILTIN:
             load_model_function(args.model)  # fail here, with a message, not mid-run

@@ -98,14 +98,13 @@ def _read_idx(path: Path) -> np.ndarray:
     return data.reshape(dims)
 
 
-def mnist(folder: str | Path, model: str) -> Dataset:
-    """MNIST from the four IDX files (optionally .gz) in `folder`.
+def _mnist_files(folder: Path) -> dict[str, Path]:
+    """The four IDX files of an MNIST folder, by key of `_MNIST_FILES`.
 
     Raises:
-        FileNotFoundError: a file is missing (the message lists the expected names).
+        FileNotFoundError: one is missing (the message lists the expected names).
     """
-    folder = Path(folder)
-    arrays = {}
+    files = {}
     for key, stem in _MNIST_FILES.items():
         candidates = [folder / stem, folder / f"{stem}.gz", folder / stem.replace("-idx", ".idx")]
         found = next((c for c in candidates if c.exists()), None)
@@ -114,7 +113,17 @@ def mnist(folder: str | Path, model: str) -> Dataset:
                 f"{folder} lacks {stem} (or {stem}.gz); an MNIST folder holds "
                 f"{', '.join(_MNIST_FILES.values())}. Use --data digits to train offline"
             )
-        arrays[key] = _read_idx(found)
+        files[key] = found
+    return files
+
+
+def mnist(folder: str | Path, model: str) -> Dataset:
+    """MNIST from the four IDX files (optionally .gz) in `folder`.
+
+    Raises:
+        FileNotFoundError: a file is missing (the message lists the expected names).
+    """
+    arrays = {key: _read_idx(path) for key, path in _mnist_files(Path(folder)).items()}
     to_images = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
     return Dataset(
         "mnist",
@@ -126,20 +135,33 @@ def mnist(folder: str | Path, model: str) -> Dataset:
     )
 
 
-def load(source: str, model: str, seed: int = 0) -> Dataset:
-    """`source` is "digits", "synthetic" or a folder of MNIST IDX files.
+def check_source(source: str) -> None:
+    """Refuse a `source` that `load` cannot read, before anything runs.
 
     Raises:
-        FileNotFoundError: `source` is neither a known name nor an existing folder.
+        FileNotFoundError: neither "digits" nor "synthetic", nor a folder holding the
+            four MNIST IDX files.
     """
-    if source == "digits":
-        return digits(model)
-    if source == "synthetic":
-        return synthetic(model, seed)
+    if source in ("digits", "synthetic"):
+        return
     if not Path(source).is_dir():
         raise FileNotFoundError(
             f"--data {source!r}: expected 'digits', 'synthetic' or a folder of MNIST IDX files"
         )
+    _mnist_files(Path(source))
+
+
+def load(source: str, model: str, seed: int = 0) -> Dataset:
+    """`source` is "digits", "synthetic" or a folder of MNIST IDX files.
+
+    Raises:
+        FileNotFoundError: `source` is neither (`check_source`).
+    """
+    check_source(source)
+    if source == "digits":
+        return digits(model)
+    if source == "synthetic":
+        return synthetic(model, seed)
     return mnist(source, model)
 
 
