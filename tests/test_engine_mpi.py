@@ -13,9 +13,12 @@ def test_allreduce_matches_references(np_: int) -> None:
     run_mpi(np_, "engine_allreduce.py", timeout=240)
 
 
-def test_allreduce_small_segments() -> None:
-    # 4 KiB segments: many segments per chunk, chunks of unequal segment counts.
+def test_allreduce_small_segments_and_nothing_left_in_dev_shm() -> None:
+    # 4 KiB segments: many segments per chunk, chunks of unequal segment counts. The
+    # shared-memory links' files are gone once the job ends.
+    before = {f.name for f in Path("/dev/shm").glob("pipesgd-*")}
     run_mpi(3, "engine_allreduce.py", "4096", timeout=240)
+    assert {f.name for f in Path("/dev/shm").glob("pipesgd-*")} == before
 
 
 @pytest.mark.parametrize("np_", [3, 4])
@@ -50,12 +53,6 @@ def test_shared_buffers_reduce_in_place(np_: int) -> None:
 def test_shared_buffers_are_ordinary_without_shared_memory() -> None:
     out = run_mpi(2, "engine_shared_buffers.py", timeout=240, env={"PIPESGD_SHM_LINKS": "0"})
     assert "p=2 shared=False leftover=[] ok" in out.stdout
-
-
-def test_shared_memory_links_leave_nothing_in_dev_shm() -> None:
-    before = {f.name for f in Path("/dev/shm").glob("pipesgd-*")}
-    run_mpi(3, "engine_allreduce.py", "65536", timeout=240)
-    assert {f.name for f in Path("/dev/shm").glob("pipesgd-*")} == before
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,12 @@ from mpirun import run_mpi
 
 
 @pytest.mark.parametrize(
-    ("scenario", "np_"), [("sync", 2), ("delayed", 3), ("ramp", 2), ("bitwise", 4)]
+    ("scenarios", "np_"), [("sync ramp", 2), ("delayed", 3), ("bitwise", 4)]
 )
-def test_matches_single_process_reference(scenario: str, np_: int) -> None:
-    out = run_mpi(np_, "optim_semantics.py", scenario, timeout=120).stdout
-    assert f"optim_semantics {scenario}: ok on {np_} ranks" in out, out
+def test_matches_single_process_reference(scenarios: str, np_: int) -> None:
+    out = run_mpi(np_, "optim_semantics.py", *scenarios.split(), timeout=120).stdout
+    for scenario in scenarios.split():
+        assert f"optim_semantics {scenario}: ok on {np_} ranks" in out, out
 
 
 # Adam's round trip runs in-process in test_optim.py; here the SGD + quant8 + warm-up case.

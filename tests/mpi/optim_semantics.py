@@ -1,6 +1,6 @@
 """DistributedOptimizer against single-process references, under mpirun.
 
-Usage: optim_semantics.py SCENARIO
+Usage: optim_semantics.py SCENARIO [SCENARIO ...]
   sync     K = 1 on p ranks == one process training on the concatenated batches.
   delayed  K = 2, 3 (with and without warm-up, both overlap modes, gradients lent from the
            buckets or made by model.zero_grad() + backward), SGD with momentum and
@@ -185,8 +185,10 @@ def scenario_bitwise() -> None:
             assert_identical_across_ranks(model, f"{compression} {overlap}")
 
 
-{"sync": scenario_sync, "delayed": scenario_delayed, "ramp": scenario_ramp,
- "bitwise": scenario_bitwise}[sys.argv[1]]()
+SCENARIOS = {"sync": scenario_sync, "delayed": scenario_delayed, "ramp": scenario_ramp,
+             "bitwise": scenario_bitwise}
+for name in sys.argv[1:]:  # several in one launch: each starts from its own fresh state
+    SCENARIOS[name]()
+    if RANK == 0:
+        print(f"optim_semantics {name}: ok on {P} ranks", flush=True)
 pipesgd.shutdown()
-if RANK == 0:
-    print(f"optim_semantics {sys.argv[1]}: ok on {P} ranks")
