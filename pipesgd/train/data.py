@@ -102,8 +102,14 @@ def _mnist_files(folder: Path) -> dict[str, Path]:
     """The four IDX files of an MNIST folder, by key of `_MNIST_FILES`.
 
     Raises:
-        FileNotFoundError: one is missing (the message lists the expected names).
+        FileNotFoundError: `folder` is no folder, or one is missing (the message lists
+            the expected names).
     """
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"--data {str(folder)!r}: expected 'digits', 'synthetic' or a folder of MNIST "
+            "IDX files"
+        )
     files = {}
     for key, stem in _MNIST_FILES.items():
         candidates = [folder / stem, folder / f"{stem}.gz", folder / stem.replace("-idx", ".idx")]
@@ -121,7 +127,7 @@ def mnist(folder: str | Path, model: str) -> Dataset:
     """MNIST from the four IDX files (optionally .gz) in `folder`.
 
     Raises:
-        FileNotFoundError: a file is missing (the message lists the expected names).
+        FileNotFoundError: no such folder, or a file is missing (`_mnist_files`).
     """
     arrays = {key: _read_idx(path) for key, path in _mnist_files(Path(folder)).items()}
     to_images = lambda a: torch.from_numpy(a.astype(np.float32) / 255.0)  # noqa: E731
@@ -142,22 +148,16 @@ def check_source(source: str) -> None:
         FileNotFoundError: neither "digits" nor "synthetic", nor a folder holding the
             four MNIST IDX files.
     """
-    if source in ("digits", "synthetic"):
-        return
-    if not Path(source).is_dir():
-        raise FileNotFoundError(
-            f"--data {source!r}: expected 'digits', 'synthetic' or a folder of MNIST IDX files"
-        )
-    _mnist_files(Path(source))
+    if source not in ("digits", "synthetic"):
+        _mnist_files(Path(source))
 
 
 def load(source: str, model: str, seed: int = 0) -> Dataset:
     """`source` is "digits", "synthetic" or a folder of MNIST IDX files.
 
     Raises:
-        FileNotFoundError: `source` is neither (`check_source`).
+        FileNotFoundError: `source` is neither (as `check_source` says before a run).
     """
-    check_source(source)
     if source == "digits":
         return digits(model)
     if source == "synthetic":
