@@ -96,3 +96,16 @@ def test_the_pick_is_judged_on_per_round_ratios_against_its_closest_rival() -> N
     del m["side_by_side"]  # a launch without them: the medians of the rounds
     ratio, against = planner.pick_ratio(m)
     assert ratio == pytest.approx(100 / 110) and against == "b, the rounds' medians"
+
+
+def test_the_rounds_spread_is_each_plans_fastest_over_its_slowest_round() -> None:
+    def plans(*rounds):
+        return {"plans": [{"label": str(i), "measured_rounds": r} for i, r in enumerate(rounds)]}
+
+    results = {"shm-p3": {"models": {"mlp": plans([100.0, 80.0, 90.0], [50.0, 50.0])}},
+               "shm-p4": {"models": {"cnn": plans([10.0, 20.0, 15.0], [7.0])}}}
+    line = planner.rounds_spread(results)
+    # spreads 1.25, 1.00 and 2.00 (a plan with one round has none): median 1.25
+    assert "median 1.25, largest 2.00 over 3 plans" in line, line
+    assert planner.rounds_spread({"shm-p3": {"models": {"mlp": plans([7.0])}}}) == (
+        "rounds' spread: one round per plan")
