@@ -29,7 +29,7 @@ MLP and the CNN of `pipesgd pipeline`:
    allreduces still in flight);
 4. runs the chooser's pick side by side with the two plans the rounds measured fastest
    besides it, in turn, `--side-by-side` rounds more: the fastest of a dozen medians of
-   three noisy rounds reads above its plan's own rate (the maximum of noisy readings),
+   a few noisy rounds reads above its plan's own rate (the maximum of noisy readings),
    so the pick is judged on per-round ratios against each rival instead.
 
 Targets, over all plans of all scenarios: median |predicted / measured - 1| <= 15 %,
@@ -305,8 +305,8 @@ def error(row: dict) -> float:
 
 
 def rounds_spread(results: dict[str, dict]) -> str:
-    """How far one plan's rounds spread (fastest / slowest), over every plan: how much of
-    an error a single round could hold without the model missing."""
+    """Each plan's fastest round over its slowest, summed up over every plan: how much
+    of an error one round alone can hold with the model right."""
     spreads = sorted(max(r["measured_rounds"]) / min(r["measured_rounds"])
                      for data in results.values() for m in data["models"].values()
                      for r in m["plans"] if len(r.get("measured_rounds", [])) > 1)
