@@ -75,11 +75,9 @@ MICRO_BATCH = {"mlp": 64, "cnn": 16}
 # pipeline on 3 ranks over 1 Gbit/s spread 1.37 (max/min) at 64 micro-batches and 1.46
 # at 256; this machine's slow and fast spells outlast either.
 MIN_WINDOW_S = 1.0
-# Rounds per plan, the error taken on their median. One plan's rounds swing: in the
-# launches of 2026-12-02/03 one round's error against the next moved by up to 60 points
-# (the MLP on 2 Gbit/s links at p = 4: -33.7 % in one round, +32.3 % in the next), and
-# in one round every plan of a scenario ran at 0.83 of its best (shm, p = 4). The median
-# of three stays with one such round in three; of five, with two.
+# Rounds per plan, the error taken on their median: one slow spell of the machine can
+# take a whole round, which moves a median of three but not of five (the evidence:
+# BENCHMARKS.md, "Planner: predicted against measured", "Five rounds").
 ROUNDS = 5
 DEFAULT_SCENARIOS = "shm-p3,shm-p4,1gbit-p3,1gbit-p4"
 
@@ -305,8 +303,8 @@ def error(row: dict) -> float:
 
 
 def rounds_spread(results: dict[str, dict]) -> str:
-    """Each plan's fastest round over its slowest, summed up over every plan: how much
-    of an error one round alone can hold with the model right."""
+    """The median and the largest, over every plan, of its fastest round over its
+    slowest: how far one round may read from another with nothing but noise between."""
     spreads = sorted(max(r["measured_rounds"]) / min(r["measured_rounds"])
                      for data in results.values() for m in data["models"].values()
                      for r in m["plans"] if len(r.get("measured_rounds", [])) > 1)
