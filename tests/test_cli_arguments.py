@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_in_process import pipesgd
 
 from pipesgd.cli import main
 from pipesgd.pipeline.plan import Plan, StagePlan
@@ -31,6 +32,12 @@ def test_bad_arguments_stop_the_command(capsys, argv, message):
         main(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_pipemares_options_need_its_schedule():
+    res = pipesgd("pipeline", "--model", "mlp", "--steps", "2", "--t1", "100", "--epochs", "1",
+                  "--no-progress")
+    assert res.returncode != 0 and "use them with --schedule async" in res.stderr
 
 
 def test_a_plan_file_that_holds_no_plan_names_itself(tmp_path):

@@ -1,11 +1,10 @@
 """Naming a model on the command line (pipesgd.model_names): built-ins sized for their
 data, MODULE:FUNCTION from a module or a file, and clear errors for broken specs."""
 
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_in_process import pipesgd
 from torch import nn
 
 from pipesgd.model_names import layer_model, load_model_function, parse_shape
@@ -98,13 +97,11 @@ def test_input_shape_parsing():
 
 
 def test_timing_predict_names_a_user_model(models_file):
-    cmd = [sys.executable, "-m", "pipesgd.cli", "timing", "predict", "--model",
-           f"{models_file}:mlp", "--input-shape", "1,32,32", "-p", "2", "--batch-size", "8",
-           "--bandwidth", "1Gbit"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    args = ["timing", "predict", "--model", f"{models_file}:mlp", "--input-shape", "1,32,32",
+            "-p", "2", "--batch-size", "8", "--bandwidth", "1Gbit"]
+    out = pipesgd(*args)
     assert out.returncode == 0, out.stderr
-    bad = subprocess.run([*cmd[:7], "-p", "2", "--bandwidth", "1Gbit"], capture_output=True,
-                         text=True, timeout=120, check=False)
+    bad = pipesgd(*args[:4], "-p", "2", "--bandwidth", "1Gbit")
     assert bad.returncode == 2 and "needs --data or --input-shape" in bad.stderr
 
 

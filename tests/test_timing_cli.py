@@ -3,18 +3,12 @@
 import dataclasses
 import json
 import statistics
-import subprocess
-import sys
 
 import pytest
-from mpirun import ROOT, run_mpi
+from cli_in_process import pipesgd
+from mpirun import run_mpi
 
 from pipesgd.timing import Profile
-
-
-def pipesgd(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipesgd.cli", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120)
 
 
 def test_measure_network_on_two_ranks_is_sane():

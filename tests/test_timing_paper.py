@@ -3,12 +3,10 @@
 frameworks against hand computations; the command's table, JSON and errors."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from cli_in_process import pipesgd
 from fakes import KERNELS
-from mpirun import ROOT
 
 from pipesgd.timing import NetworkParams, Profile
 from pipesgd.timing import paper as P
@@ -30,11 +28,6 @@ def prof(**kw):
                 batch_size=64)
     base.update(kw)
     return Profile(**base)
-
-
-def pipesgd(*args):
-    return subprocess.run([sys.executable, "-m", "pipesgd.cli", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=120)
 
 
 def test_ps_sync_by_hand():
