@@ -381,6 +381,23 @@ def test_an_action_after_a_sleep_refills_the_caches():
         pytest.approx(3.0)
 
 
+@pytest.mark.parametrize("cold_s_per_byte, per_micro_batch", [(0.0, 3.0), (0.25e-9, 3.25)])
+def test_a_backward_on_a_version_an_update_left_behind_refills_the_caches(
+        cold_s_per_byte, per_micro_batch):
+    # Stage 0 (F = 1, B = 2, 1 GB of weights) keeps two micro-batches in flight and stage
+    # 1 is nearly free, so stage 0 never waits: F0 F1 B0 U F2 B1 U F3 B2 ... B0 runs on
+    # the live weights; every later backward on the copy its forward stashed, which the
+    # update since has left behind (and the next forward's copy evicted): 0.25 s longer
+    # at 0.25 ns per byte. Forwards read the copy just made: never.
+    prof = dataclasses.replace(chain([1.0, 0.001], [2.0, 0.001], weights=[1e9, 0.0]),
+                               cold_s_per_byte=cold_s_per_byte)
+    sim = simulate(Plan.even(2, 2, micro_batch=4, in_flight=2), prof, "2x[1GB/s]")
+    assert sim.time_per_micro_batch_s == pytest.approx(per_micro_batch)
+    mine = [(iv.action, iv.end - iv.start) for iv in sim.timeline if iv.rank == 0]
+    assert mine[:5] == [("0F0", 1.0), ("0F1", 1.0), ("0B0", 2.0), ("0F2", 1.0),
+                        ("0B1", pytest.approx(per_micro_batch - 1.0))]
+
+
 def test_the_cold_cache_cost_round_trips_through_json_and_is_checked():
     prof = dataclasses.replace(chain([1.0], [2.0]), cold_s_per_byte=1.1e-10)
     assert ModelProfile.from_dict(prof.to_dict()).cold_s_per_byte == 1.1e-10

@@ -55,7 +55,10 @@ so a round's last buckets (the first layers') can only leave after its closing b
 The runtime's first round allocates its buffer at the all-reduce instead (outside the
 steady state). An F, B or U that follows a
 wait the rank slept through (RF, RB, U) is busy longer by the stage's weight bytes x the
-profile's `cold_s_per_byte`: its data left the caches meanwhile.
+profile's `cold_s_per_byte`: its data left the caches meanwhile. So is a B on a stashed
+version of the weights older than the live one: the forwards since copied newer
+versions, which evicted it (the forward itself reads the copy it just made; measured
+in BENCHMARKS.md, "Planner: predicted against measured").
 
 Links and placement. Ranks map to topology workers by `plan.extra["placement"]` (what
 `to_plan` writes) or in rank order. Two ranks talk over the lowest level holding both;
@@ -555,6 +558,12 @@ class _Memory:
         self._record()
         return copied
 
+    def on_older_copy(self, mb: int) -> bool:
+        """Whether micro-batch mb runs on a stashed copy of the weights that an update has
+        since left behind."""
+        v = self.of_mb[mb]
+        return v is not None and v != self.version
+
     def backward_done(self, mb: int) -> None:
         v = self.of_mb.pop(mb)
         if v is not None:
@@ -861,6 +870,7 @@ def simulate(
                 if a.kind == "F":
                     d += cost.copy_s if memory[rank].forward(a.mb) else 0.0
                 else:
+                    cold[rank] = cold[rank] or memory[rank].on_older_copy(a.mb)
                     memory[rank].backward_done(a.mb)
                 if a.kind == "B" and a.mb in closes[rank]:  # wait-free: bucket by bucket
                     chunks_left[rank] = (closes[rank][a.mb], list(closing[stage][0]))
