@@ -1,7 +1,6 @@
 """Naming a model on the command line (pipesgd.model_names): built-ins sized for their
 data, MODULE:FUNCTION from a module or a file, and clear errors for broken specs."""
 
-
 import pytest
 import torch
 from cli_in_process import pipesgd
