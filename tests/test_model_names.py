@@ -96,11 +96,11 @@ def test_input_shape_parsing():
 
 
 def test_timing_predict_names_a_user_model(models_file):
-    args = ["timing", "predict", "--model", f"{models_file}:mlp", "--input-shape", "1,32,32",
-            "-p", "2", "--batch-size", "8", "--bandwidth", "1Gbit"]
-    out = pipesgd(*args)
+    model = ("timing", "predict", "--model", f"{models_file}:mlp")
+    out = pipesgd(*model, "--input-shape", "1,32,32", "-p", "2", "--batch-size", "8",
+                  "--bandwidth", "1Gbit")
     assert out.returncode == 0, out.stderr
-    bad = pipesgd(*args[:4], "-p", "2", "--bandwidth", "1Gbit")
+    bad = pipesgd(*model, "-p", "2", "--bandwidth", "1Gbit")  # no input shape
     assert bad.returncode == 2 and "needs --data or --input-shape" in bad.stderr
 
 
