@@ -109,3 +109,36 @@ def test_the_rounds_spread_is_each_plans_fastest_over_its_slowest_round() -> Non
     assert "median 1.25, largest 2.00 over 3 plans" in line, line
     assert planner.rounds_spread({"shm-p3": {"models": {"mlp": plans([7.0])}}}) == (
         "rounds' spread: one round per plan")
+
+
+def test_a_round_predicts_every_row_again_as_the_plans_were_selected() -> None:
+    """`predict_row` on the same profile gives each kept row's prediction: the
+    simulator's for a pipeline, the timing model's for data parallelism."""
+    from pipesgd.planner import ModelProfile
+    from pipesgd.planner.choose import data_parallel_network
+    from pipesgd.planner.topology import HierarchicalTopology
+
+    prof = ModelProfile.from_columns([1e-3, 3e-3, 1e-3, 2e-3, 1e-3],
+                                     [2e-3, 6e-3, 2e-3, 4e-3, 2e-3],
+                                     [4e5, 1e5, 3e5, 2e4, 1e3], [1e3] * 5, batch_size=8)
+    topo = HierarchicalTopology.parse("4x[1Gbit]")
+    kept, _ = planner.select_plans(prof, topo, None, 4, 8, per_shape=1)
+    assert any("data_parallel" in k for k in kept) and any("plan" in k for k in kept)
+    for k in kept:
+        again = planner.predict_row(k, prof, topo, data_parallel_network(topo), 4, 8)
+        assert again == pytest.approx(k["predicted"], rel=1e-12), k["label"]
+
+
+def test_a_plans_error_is_the_median_of_its_rounds_ratios() -> None:
+    """Where every round predicted again, the median of each round's predicted /
+    measured (1.2, 0.9, 1.1 -> +10 %; then 1.5, 0.9, 1.1 -> +10 %); without them, the
+    ratio of the rounds' medians. The first calibration's line reads predicted_first."""
+    row = {"predicted": 110.0, "measured": 100.0, "predicted_first": 132.0,
+           "predicted_rounds": [120.0, 90.0, 110.0], "measured_rounds": [100.0, 100.0, 100.0]}
+    assert planner.error(row) == pytest.approx(0.10)
+    row["measured_rounds"] = [80.0, 100.0, 100.0]  # 1.5, 0.9, 1.1
+    assert planner.error(row) == pytest.approx(0.10)
+    assert planner.error({"predicted": 90.0, "measured": 100.0,
+                          "measured_rounds": [100.0, 100.0]}) == pytest.approx(-0.10)
+    line = planner.first_calibration_line({"shm-p3": {"models": {"mlp": {"plans": [row]}}}})
+    assert "median |error| 32.0%, worst 32.0%" in line, line
