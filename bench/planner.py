@@ -282,10 +282,8 @@ def worker(args: argparse.Namespace) -> int:
                       f"measured {rate:.0f} samples/s", flush=True)
             return rate
 
-        # Each round after the first calibrates again: the straight pipeline's calibration
-        # run read 0.78-1.44 times that plan's median round over nine launches, where one
-        # plan's rounds spread 1.2 (a spell of the machine outlasts a calibration: in one
-        # launch the CNN's rounds fell from 418 to 281 samples/s after it read 457).
+        # Each round after the first calibrates again: a spell of the machine outlasts one
+        # calibration (docs/planner.md, "How close it comes").
         predicted: dict[str, list[float]] = {k["label"]: [k["predicted"]] for k in kept}
         later_profiles = []
         for turn in range(args.rounds):
