@@ -150,3 +150,44 @@ def test_cluster_options_without_plan_auto_are_refused():
     with pytest.raises(SystemExit, match="--bandwidth and --memory describe the job for "
                                          "--plan auto"):
         cli.run(parser.parse_args(["--bandwidth", "1Gbit", "--memory", "1GB"]))
+
+
+def test_runs_in_turn_sample_the_same_spells_and_close_last_first():
+    from pipesgd.pipeline.runtime import medians_in_turn
+
+    order, closed = [], []
+
+    def run(name, values):
+        try:
+            for v in values:
+                order.append(name)
+                yield v
+        finally:
+            closed.append(name)
+
+    medians = medians_in_turn([run("a", [1.0, 9.0, 3.0, 2.0]),
+                               run("b", [5.0, 6.0, 7.0, 100.0]),
+                               run("c", [4.0, 4.0, 4.0, 4.0])])
+    assert medians == [2.5, 6.5, 4.0]
+    # each turn starts one run later: no run always samples first, after the same one
+    assert order == list("abc" "bca" "cab" "abc")
+    assert closed == ["c", "b", "a"]
+
+
+def test_a_failing_run_closes_the_runs_it_was_taken_beside():
+    from pipesgd.pipeline.runtime import medians_in_turn
+
+    closed = []
+
+    def run(name, fail_at=None):
+        try:
+            for i in range(10):
+                if i == fail_at:
+                    raise ValueError(f"{name} failed")
+                yield 1.0
+        finally:
+            closed.append(name)
+
+    with pytest.raises(ValueError, match="b failed"):
+        medians_in_turn([run("a"), run("b", fail_at=1), run("c")])
+    assert sorted(closed) == ["a", "b", "c"]

@@ -186,12 +186,12 @@ def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
     """`model`'s layer profile as the planner ranks on it, the same on every rank
     (collective): rank 0 profiles it at `micro` samples on `device` (scaled to `whole`,
     the model's run beside the other ranks); where ranks compute on the CPU, every rank
-    then runs the pipeline of one stage per rank the chooser offers
-    (`planner.straight_pipeline`), a round of the model replicated on every rank and the
-    data-parallel configuration the timing model ranks first at `batch` samples (on
-    `measured`, else `topology`'s network), and the profile is charged what each took
-    beyond its model (`planner.calibrate`). `errors` raised on rank 0 are raised on every
-    rank."""
+    then runs, in turn (`runtime.medians_in_turn`), the pipeline of one stage per rank the
+    chooser offers (`planner.straight_pipeline`), a round of the model replicated on every
+    rank and the data-parallel configuration the timing model ranks first on the profile
+    at `batch` samples (on `measured`, else `topology`'s network), and the profile is
+    charged what each took beyond its model (`planner.calibrate`). `errors` raised on
+    rank 0 are raised on every rank."""
     from pipesgd.planner.calibrate import (
         fit_data_parallel_overhead,
         fit_pipeline_overhead,
@@ -202,40 +202,42 @@ def calibrated_profile(comm: Any, model: Any, name: str, micro: int, batch: int,
     from pipesgd.planner.simulate import simulate
     from pipesgd.polling import decided_on_root
 
-    from .runtime import data_parallel_iteration_s, pipeline_micro_batch_s, replicated_round_s
+    from .runtime import (
+        data_parallel_iteration_runs,
+        medians_in_turn,
+        pipeline_micro_batch_runs,
+        replicated_round_runs,
+    )
 
     workers = comm.Get_size()
-    on_cpus = whole is not None and (device is None or device.type == "cpu")
-    round_s = replicated_round_s(comm, model, micro) if on_cpus else None
+    runs_here = workers > 1 and whole is not None and (device is None or device.type == "cpu")
 
-    def profiled() -> tuple[Any, Any]:
+    def profiled() -> tuple[Any, Any, Any]:
         prof = profile_layer_model(model, name, micro, threads=1, device=device,
                                    whole=whole)
-        if not on_cpus:  # the straight pipeline is planned here only to run it
-            return prof, None
-        return prof, straight_pipeline(prof, workers, micro,
-                                       lambda plan: simulate(plan, prof, topology))
+        if not runs_here:
+            return prof, None, None
+        straight = straight_pipeline(prof, workers, micro,
+                                     lambda plan: simulate(plan, prof, topology))
+        return prof, straight, data_parallel_pick(prof, topology, batch, measured).config
 
-    prof, straight = decided_on_root(comm, profiled, errors)
-    micro_batch_s = (pipeline_micro_batch_s(comm, model, straight)
-                     if straight is not None else None)
-
-    def fitted() -> tuple[Any, Any]:
-        out = prof
-        if micro_batch_s is not None:  # first: the replicated round is simulated with it
-            out = fit_pipeline_overhead(out, topology, straight, micro_batch_s)
-        if round_s is not None:
-            out = fit_replica_overhead(out, topology, round_s, workers)
-        return out, data_parallel_pick(out, topology, batch, measured).config
-
-    prof, config = decided_on_root(comm, fitted, errors)
-    iteration_s = data_parallel_iteration_s(
-        comm, model, batch, staleness=config.staleness, compression=config.compression,
-        overlap=config.overlap) if on_cpus else None
-    if iteration_s is None:
+    prof, straight, config = decided_on_root(comm, profiled, errors)
+    if not runs_here:
         return prof
-    # the same inputs on every rank: each fits the same charge
-    return fit_data_parallel_overhead(prof, topology, iteration_s, config, batch, measured)
+    micro_batch_s, round_s, iteration_s = medians_in_turn([
+        pipeline_micro_batch_runs(comm, model, straight),
+        replicated_round_runs(comm, model, micro),
+        data_parallel_iteration_runs(comm, model, batch, staleness=config.staleness,
+                                     compression=config.compression,
+                                     overlap=config.overlap)])
+
+    def fitted() -> Any:
+        # the pipeline's first: the replicated round is simulated with it
+        out = fit_pipeline_overhead(prof, topology, straight, micro_batch_s)
+        out = fit_replica_overhead(out, topology, round_s, workers)
+        return fit_data_parallel_overhead(out, topology, iteration_s, config, batch, measured)
+
+    return decided_on_root(comm, fitted, errors)
 
 
 def measured_topology(comm: Any, device: Any = None) -> tuple[Any, str, Any]:

@@ -11,11 +11,12 @@ When an action fails, the rank prints its schedule table with that action marked
 
 from __future__ import annotations
 
+import itertools
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -627,42 +628,77 @@ def action_times_beside_others(comm: MPI.Comm, model: LayerModel, micro_batch: i
                          for f in ("forward_s", "backward_s", "update_s")))
 
 
-def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
-                       rounds: int = CALIBRATION_CAP, budget_s: float = 2.0) -> float | None:
-    """Seconds one update round of `model` takes when every rank of `comm` is a replica
-    of it (the whole model as one stage, 1F1B-RR: each rank's forward, backward, the
-    gradient's ring all-reduce and the step): after two rounds of warm-up, `rounds` more
-    (fewer, at least 4, where they would take longer than `budget_s`) in four epochs;
-    the median epoch's seconds per round, of the slowest rank. The same on every rank,
-    None on a single rank. On the CPU with one torch thread, as the profile runs.
+def medians_in_turn(runs: Sequence[Iterator[float]],
+                    count: int = CALIBRATION_RUNS) -> list[float]:
+    """The median of `count` samples of each of `runs`, taken in turn, each turn
+    starting one run later, so that every run samples the same spells of the machine:
+    their ratios are what the planner ranks on, and a spell of seconds that took one
+    run's samples alone would shift it against the others (one launch's five
+    calibrations, each run after the other, put the CNN's straight pipeline on 3 ranks
+    at 0.92-1.01 of data parallelism's rate, where their rounds measured 0.96-1.03).
+    Closes every run, the last first (each holds its own torch thread count).
+    Collective where the runs are."""
+    samples: list[list[float]] = [[] for _ in runs]
+    try:
+        for turn in range(count):
+            for i in range(len(runs)):
+                k = (turn + i) % len(runs)
+                samples[k].append(next(runs[k]))
+    finally:
+        for run in reversed(runs):
+            run.close()
+    return [statistics.median(s) for s in samples]
+
+
+def replicated_round_runs(comm: MPI.Comm, model: LayerModel, micro_batch: int,
+                          rounds: int = CALIBRATION_CAP,
+                          budget_s: float = 2.0) -> Iterator[float] | None:
+    """Samples of the seconds one update round of `model` takes when every rank of
+    `comm` is a replica of it (the whole model as one stage, 1F1B-RR: each rank's
+    forward, backward, the gradient's ring all-reduce and the step): after two rounds of
+    warm-up, each sample an epoch of `rounds` / `CALIBRATION_RUNS` rounds (fewer, at
+    least one, where `CALIBRATION_RUNS` of them would take longer than `budget_s`), the
+    slowest rank's seconds per round. None on a single rank. On the CPU with one torch
+    thread, as the profile runs. Collective at each sample.
 
     Ranks that share cores lose more to a replicated round than its actions and its
     ring's bytes: the gradient's copy and the step find their data evicted after the
     wait, the engine's thread competes for the caches, and a ring step waits for both
     of its ranks to be on a core (`bench/replica_round.py` shows where it goes). The
-    planner charges what this run took beyond its simulation to replicated stages
-    (`planner.fit_replica_overhead`). The median of four epochs keeps a spell the machine
+    planner charges what these rounds took beyond their simulation to replicated stages
+    (`planner.fit_replica_overhead`). A median of samples keeps a spell the machine
     spent elsewhere out of it (one epoch of a CNN's round took twice the others' time in
-    a launch, and its charge made the whole model's replicas predicted 45 % slow).
-    Collective."""
+    a launch, and its charge made the whole model's replicas predicted 45 % slow)."""
     size = comm.Get_size()
     if size < 2:
         return None
     plan = Plan((StagePlan(0, model.num_layers, size),), schedule="1f1b-rr",
                 micro_batch=micro_batch)
-    with torch_threads(1):
-        pipe = Pipeline(model, plan, comm, lr=1e-4)
-        try:
-            # epochs' seconds are the slowest rank's, so every rank picks the same count
-            warm = pipe.train_epoch(_random_micro_batches(model, micro_batch, 2 * size), 0)
-            fit = int(budget_s / max(warm.seconds / 2, 1e-9))
-            each = max(1, min(rounds, fit) // CALIBRATION_RUNS)
-            data = _random_micro_batches(model, micro_batch, each * size)
-            seconds = [pipe.train_epoch(data, 1 + run).seconds / each
-                       for run in range(CALIBRATION_RUNS)]
-        finally:
-            pipe.close()
-    return statistics.median(seconds)
+
+    def samples() -> Iterator[float]:
+        with torch_threads(1):
+            pipe = Pipeline(model, plan, comm, lr=1e-4)
+            try:
+                # epochs' seconds are the slowest rank's, so every rank picks the same count
+                warm = pipe.train_epoch(_random_micro_batches(model, micro_batch, 2 * size), 0)
+                fit = int(budget_s / max(warm.seconds / 2, 1e-9))
+                each = max(1, min(rounds, fit) // CALIBRATION_RUNS)
+                data = _random_micro_batches(model, micro_batch, each * size)
+                for run in itertools.count(1):
+                    yield pipe.train_epoch(data, run).seconds / each
+            finally:
+                pipe.close()
+
+    return samples()
+
+
+def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
+                       rounds: int = CALIBRATION_CAP, budget_s: float = 2.0) -> float | None:
+    """Seconds one update round of `model` takes with every rank of `comm` a replica of
+    it: the median of `CALIBRATION_RUNS` samples of `replicated_round_runs`, the same on
+    every rank; None on a single rank. Collective."""
+    runs = replicated_round_runs(comm, model, micro_batch, rounds, budget_s)
+    return None if runs is None else medians_in_turn([runs])[0]
 
 
 def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
@@ -685,43 +721,121 @@ def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
     return (ends[b] - ends[a]) / (b - a)
 
 
-def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
-                           budget_s: float = 2.0,
-                           per_rank: int = CALIBRATION_CAP // CALIBRATION_RUNS) -> float | None:
-    """Seconds per micro-batch of `plan` run on the ranks of `comm`, in its steady state
-    (`steady_micro_batch_s`): after an epoch of warm-up, four epochs of 4 to `per_rank`
-    micro-batches per rank (as many as fit in `budget_s`); the median epoch's. The
-    same on every rank, None on a single rank. On the CPU with one torch thread, as the
-    profile runs.
+def pipeline_micro_batch_runs(comm: MPI.Comm, model: LayerModel, plan: Plan,
+                              budget_s: float = 2.0,
+                              per_rank: int = CALIBRATION_CAP // CALIBRATION_RUNS
+                              ) -> Iterator[float] | None:
+    """Samples of the seconds per micro-batch of `plan` run on the ranks of `comm`, in
+    its steady state (`steady_micro_batch_s`): after an epoch of warm-up, each sample an
+    epoch of 4 to `per_rank` micro-batches per rank (as many as `CALIBRATION_RUNS`
+    epochs fit in `budget_s`). The same on every rank, None on a single rank. On the
+    CPU with one torch thread, as the profile runs. Collective at each sample.
 
-    The pipeline counterpart of `replicated_round_s`: where ranks share cores a stage's
-    micro-batch costs more than its profiled layers and the runtime's measured overhead
-    (the next stage's activations arrive from another process's memory, several
-    micro-batches' saved tensors share the caches, every stage's thread wants a core),
-    and the planner charges what this run took beyond its simulation to every stage of
-    every plan (`planner.fit_pipeline_overhead`). Collective.
+    The pipeline counterpart of `replicated_round_runs`: where ranks share cores a
+    stage's micro-batch costs more than its profiled layers and the runtime's measured
+    overhead (the next stage's activations arrive from another process's memory,
+    several micro-batches' saved tensors share the caches, every stage's thread wants a
+    core), and the planner charges what this run took beyond its simulation to every
+    stage of every plan (`planner.fit_pipeline_overhead`).
 
-    Raises:
+    Raises (at the first sample):
         PlanError: a plan for another number of ranks or layers (`Pipeline`'s checks)."""
     size = comm.Get_size()
     if size < 2:
         return None
     micro = plan.micro_batch
-    with torch_threads(1):
-        pipe = Pipeline(model, plan, comm, lr=1e-4)
-        try:
-            warm = pipe.train_epoch(_random_micro_batches(model, micro, 4 * size), 0)
-            # epochs' seconds are the slowest rank's, so every rank picks the same count
-            fit = int(budget_s / CALIBRATION_RUNS / max(warm.seconds / 4, 1e-9))
-            data = _random_micro_batches(model, micro, size * max(4, min(per_rank, fit)))
-            seconds = []
-            for run in range(CALIBRATION_RUNS):
-                pipe.timeline.clear()
-                pipe.train_epoch(data, 1 + run)
-                seconds.append(pipe.steady_micro_batch_s())
-        finally:
-            pipe.close()
-    return statistics.median(seconds)
+
+    def samples() -> Iterator[float]:
+        with torch_threads(1):
+            pipe = Pipeline(model, plan, comm, lr=1e-4)
+            try:
+                warm = pipe.train_epoch(_random_micro_batches(model, micro, 4 * size), 0)
+                # epochs' seconds are the slowest rank's, so every rank picks the same count
+                fit = int(budget_s / CALIBRATION_RUNS / max(warm.seconds / 4, 1e-9))
+                data = _random_micro_batches(model, micro, size * max(4, min(per_rank, fit)))
+                for run in itertools.count(1):
+                    pipe.timeline.clear()
+                    pipe.train_epoch(data, run)
+                    yield pipe.steady_micro_batch_s()
+            finally:
+                pipe.close()
+
+    return samples()
+
+
+def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
+                           budget_s: float = 2.0,
+                           per_rank: int = CALIBRATION_CAP // CALIBRATION_RUNS) -> float | None:
+    """Seconds per micro-batch of `plan` on the ranks of `comm`: the median of
+    `CALIBRATION_RUNS` samples of `pipeline_micro_batch_runs`, the same on every rank;
+    None on a single rank. Collective.
+
+    Raises:
+        PlanError: a plan for another number of ranks or layers (`Pipeline`'s checks)."""
+    runs = pipeline_micro_batch_runs(comm, model, plan, budget_s, per_rank)
+    return None if runs is None else medians_in_turn([runs])[0]
+
+
+def data_parallel_iteration_runs(comm: MPI.Comm, model: LayerModel, batch: int, *,
+                                 staleness: int = 2, compression: str = "none",
+                                 overlap: str = "sequential", steps: int = CALIBRATION_CAP,
+                                 budget_s: float = 2.0) -> Iterator[float] | None:
+    """Samples of the seconds one iteration of `model` takes under data parallelism on
+    every rank of `comm` (`pipesgd.DistributedOptimizer` over SGD with `staleness`,
+    `compression` and `overlap`, `batch` samples per rank): after three iterations of
+    warm-up, each sample a run of `steps` / `CALIBRATION_RUNS` back-to-back iterations
+    (fewer, at least one, where `CALIBRATION_RUNS` of them would take longer than
+    `budget_s`) after one that refills the allreduces in flight, the slowest rank's
+    seconds per iteration. None on a single rank. On the CPU with one torch thread, as
+    the profile runs. Collective at each sample.
+
+    The data-parallel counterpart of `replicated_round_runs`: ranks that share cores
+    lose more to an iteration than the timing model counts (the step's hand-offs, the
+    engine's thread beside the compute), and the planner charges what this run took
+    beyond its prediction to every data-parallel configuration
+    (`planner.fit_data_parallel_overhead`)."""
+    from pipesgd.optim import DistributedOptimizer
+
+    if comm.Get_size() < 2:
+        return None
+
+    def samples() -> Iterator[float]:
+        with torch_threads(1):
+            net = model.build(seed=0)
+            opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1e-4),
+                                       net.named_parameters(), staleness=staleness,
+                                       compression=compression, overlap=overlap, comm=comm)
+            # new samples every iteration, as training reads them (one batch kept in the
+            # caches ran about 6 % faster than the same loop over a data set)
+            data = _random_micro_batches(model, batch, DATA_PARALLEL_BATCHES)
+            xs, ys = data.x.split(batch), data.y.split(batch)
+            step = itertools.count()
+
+            def run(count: int) -> list[float]:
+                """When each of `count` iterations began, and when the last ended; the
+                allreduces still in flight waited for after it."""
+                comm.Barrier()
+                stamps = []
+                for _ in range(count):
+                    stamps.append(time.perf_counter())
+                    opt.zero_grad()
+                    k = next(step) % DATA_PARALLEL_BATCHES
+                    nn.functional.cross_entropy(net(xs[k]), ys[k]).backward()
+                    opt.step()
+                stamps.append(time.perf_counter())
+                opt.synchronize()
+                return stamps
+
+            warm = run(3)
+            # every rank must run as many: the slowest rank's warm-up decides
+            per_step = comm.allreduce((warm[-1] - warm[0]) / 3, op=MPI.MAX)
+            each = max(1, min(steps, int(budget_s / max(per_step, 1e-9))) // CALIBRATION_RUNS)
+            while True:
+                # the first iteration finds no allreduce in flight: not counted
+                stamps = run(1 + each)
+                yield comm.allreduce((stamps[-1] - stamps[1]) / each, op=MPI.MAX)
+
+    return samples()
 
 
 def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
@@ -729,55 +843,12 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
                               overlap: str = "sequential", steps: int = CALIBRATION_CAP,
                               budget_s: float = 2.0) -> float | None:
     """Seconds one iteration of `model` takes under data parallelism on every rank of
-    `comm` (`pipesgd.DistributedOptimizer` over SGD with `staleness`, `compression` and
-    `overlap`, `batch` samples per rank), in the steady state: after three iterations of
-    warm-up, `steps` more (fewer, at least 4, where they would take longer than
-    `budget_s`) in four runs of back-to-back iterations; the median run's seconds per
-    iteration, of the slowest rank. The same on every rank; None on a single rank. On the
-    CPU with one torch thread, as the profile runs.
-
-    The data-parallel counterpart of `replicated_round_s`: ranks that share cores lose
-    more to an iteration than the timing model counts (the step's hand-offs, the
-    engine's thread beside the compute), and the planner charges what this run took
-    beyond its prediction to every data-parallel configuration
-    (`planner.fit_data_parallel_overhead`). The median of four runs keeps a spell the
-    machine spent elsewhere out of it. Collective."""
-    from pipesgd.optim import DistributedOptimizer
-
-    if comm.Get_size() < 2:
-        return None
-    with torch_threads(1):
-        net = model.build(seed=0)
-        opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1e-4),
-                                   net.named_parameters(), staleness=staleness,
-                                   compression=compression, overlap=overlap, comm=comm)
-        # new samples every iteration, as training reads them (one batch kept in the
-        # caches ran about 6 % faster than the same loop over a data set)
-        data = _random_micro_batches(model, batch, DATA_PARALLEL_BATCHES)
-        xs, ys = data.x.split(batch), data.y.split(batch)
-
-        def run(count: int) -> list[float]:
-            """When each of `count` iterations began, and when the last ended."""
-            comm.Barrier()
-            stamps = []
-            for i in range(count):
-                stamps.append(time.perf_counter())
-                opt.zero_grad()
-                k = i % DATA_PARALLEL_BATCHES
-                nn.functional.cross_entropy(net(xs[k]), ys[k]).backward()
-                opt.step()
-            stamps.append(time.perf_counter())
-            opt.synchronize()
-            return stamps
-
-        warm = run(3)
-        # every rank must run as many: the slowest rank's warm-up decides
-        per_step = comm.allreduce((warm[-1] - warm[0]) / 3, op=MPI.MAX)
-        each = max(1, min(steps, int(budget_s / max(per_step, 1e-9))) // CALIBRATION_RUNS)
-        stamps = run(CALIBRATION_RUNS * each)
-        seconds = [(stamps[(i + 1) * each] - stamps[i * each]) / each
-                   for i in range(CALIBRATION_RUNS)]
-        return comm.allreduce(statistics.median(seconds), op=MPI.MAX)
+    `comm`: the median of `CALIBRATION_RUNS` samples of `data_parallel_iteration_runs`,
+    the same on every rank; None on a single rank. Collective."""
+    runs = data_parallel_iteration_runs(comm, model, batch, staleness=staleness,
+                                        compression=compression, overlap=overlap,
+                                        steps=steps, budget_s=budget_s)
+    return None if runs is None else medians_in_turn([runs])[0]
 
 
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:

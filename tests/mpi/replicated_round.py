@@ -2,7 +2,8 @@
 seconds per update round, which cover at least the round's forward, backward and step;
 None on a single rank; fewer rounds where they would exceed the budget. The same of
 `data_parallel_iteration_s` (the whole model under `DistributedOptimizer`) and of
-`pipeline_micro_batch_s` (one stage per rank).
+`pipeline_micro_batch_s` (one stage per rank), and of the three sampled in turn
+(`medians_in_turn`).
 
 Run: mpirun -n 2 python tests/mpi/replicated_round.py
 """
@@ -122,8 +123,23 @@ def counted_step(self, *args, **kwargs):
 
 DistributedOptimizer.step = counted_step
 assert runtime.data_parallel_iteration_s(comm, model, 32, budget_s=0.0) > 0
-assert len(steps) == 3 + 4, steps  # three of warm-up, then the least: 4 runs of one
+# three of warm-up, then the least: 4 runs of one, each after one that refills the
+# allreduces in flight
+assert len(steps) == 3 + 4 * 2, steps
 DistributedOptimizer.step = step
+
+# the three in turn, as `--plan auto` calibrates: each the median of its own samples,
+# the same on every rank, each within the bounds it keeps alone
+in_turn = runtime.medians_in_turn([
+    runtime.pipeline_micro_batch_runs(comm, model, straight),
+    runtime.replicated_round_runs(comm, model, 32),
+    runtime.data_parallel_iteration_runs(comm, model, 32, compression="quant8", steps=8)])
+every = comm.allgather(in_turn)
+assert all(t == every[0] for t in every), every
+assert alone.total_s / size / 2 < in_turn[0] < 50 * alone.total_s, (in_turn, alone)
+assert 0.8 * alone.total_s < in_turn[1] < 50 * alone.total_s, (in_turn, alone)
+assert 0.8 * plain < in_turn[2] < 50 * plain, (in_turn, plain)
+assert torch.get_num_threads() == 1, torch.get_num_threads()
 if rank == 0:
     print(f"replicated round on {size} ranks: {round_s * 1e3:.3f} ms, data-parallel "
           f"iteration {dp_s * 1e3:.3f} ms, a micro-batch of {size} stages "
