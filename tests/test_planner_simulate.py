@@ -16,6 +16,7 @@ from pipesgd.planner import (
     simulate,
     stored_activations,
 )
+from pipesgd.planner.calibrate import COMPUTE_BOUND, compute_share
 from pipesgd.planner.simulate import _TokenBucket
 from pipesgd.planner.topology import HierarchicalTopology, Level, SharedCores
 
@@ -759,6 +760,30 @@ def test_a_pipeline_faster_than_simulated_scales_the_layers_back_toward_alone():
     floor = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, micro_batch_s=1.0)
     assert floor.extra["pipeline_run"]["compute_factor"] == 0.5
     assert simulate(plan, floor).time_per_micro_batch_s == pytest.approx(1.75)
+
+
+def test_a_pipeline_bound_by_its_link_charges_nothing_to_its_stages():
+    # Two stages of F = 1, B = 2 joined by a link that takes 10 per micro-batch each way:
+    # 23 per micro-batch, of which only the 3 of compute on the critical path follow the
+    # layers' times. A run a little slower or faster than simulated says nothing of its
+    # CPU, and fitted to it regardless the gap would come back magnified 23/3 times.
+    prof = dataclasses.replace(chain([1.0, 1.0], [2.0, 2.0], output=[1e6, 0.0]),
+                               extra={"calibration": {"forward": 2.0, "backward": 2.0}})
+    plan = Plan((StagePlan(0, 1), StagePlan(1, 2)), micro_batch=4)
+    topo = "2x[800kbit]"
+    linked = simulate(plan, prof, topo).time_per_micro_batch_s
+    assert linked == pytest.approx(23.0)
+    share = compute_share(lambda p: simulate(plan, p, topo).time_per_micro_batch_s, prof)
+    assert share == pytest.approx(3 / 23) and share < COMPUTE_BOUND
+    for measured in (linked * 1.01, linked * 0.99):
+        fitted = fit_pipeline_overhead(prof, topo, plan, measured)
+        assert fitted.stage_excess_s == 0.0 and fitted.layers == prof.layers
+        assert fitted.extra["pipeline_run"]["compute_factor"] == 1.0
+        assert fitted.extra["pipeline_run"]["compute_share"] < COMPUTE_BOUND
+    # on free links the same stages bound the run, and the same gap is charged
+    free = fit_pipeline_overhead(prof, "2x[1000Gbit]", plan, 3.0 * 1.01)
+    assert free.stage_excess_s == pytest.approx(0.03, rel=1e-3)
+    assert free.extra["pipeline_run"]["compute_share"] == pytest.approx(1.0, rel=1e-4)
 
 
 def test_the_stage_excess_round_trips_through_json_and_is_checked():
