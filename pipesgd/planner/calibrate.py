@@ -75,12 +75,9 @@ def _check_seconds(name: str, value: float) -> None:
 
 # A run tells what its stages' CPU costs only where its time follows that CPU: where the
 # model moves its time by less than this share of a change in the layers' times (a run
-# bound by its links or by the pipeline's depth), any gap between model and run would be
-# charged to the CPU magnified beyond this share's inverse, so none is fitted from it.
-# The small MLP's straight pipelines on 3 ranks over 600 Mbit/s and 4 over 2 Gbit/s
-# moved 0.00-0.01 of it: a run 0.3 % over its model became a charge of 0.88 ms per
-# micro-batch per stage (a quarter of the run), one 0.5 % under it scaled the layers to
-# what they took alone, and the plans predicted from either missed by up to 35 %.
+# bound by its links or by the pipeline's depth), any gap between model and run, noise
+# included, would be charged to the CPU magnified beyond this share's inverse, so none
+# is fitted from it (docs/planner.md, "What a stage pays").
 COMPUTE_BOUND = 0.5
 
 
