@@ -650,6 +650,11 @@ def medians_in_turn(runs: Sequence[Iterator[float]],
     return [statistics.median(s) for s in samples]
 
 
+def _median_of(runs: Iterator[float] | None) -> float | None:
+    """The median of `CALIBRATION_RUNS` samples of `runs` (None: None), closing it."""
+    return None if runs is None else medians_in_turn([runs])[0]
+
+
 def replicated_round_runs(comm: MPI.Comm, model: LayerModel, micro_batch: int,
                           rounds: int = CALIBRATION_CAP,
                           budget_s: float = 2.0) -> Iterator[float] | None:
@@ -698,7 +703,7 @@ def replicated_round_s(comm: MPI.Comm, model: LayerModel, micro_batch: int,
     it: the median of `CALIBRATION_RUNS` samples of `replicated_round_runs`, the same on
     every rank; None on a single rank. Collective."""
     runs = replicated_round_runs(comm, model, micro_batch, rounds, budget_s)
-    return None if runs is None else medians_in_turn([runs])[0]
+    return _median_of(runs)
 
 
 def steady_micro_batch_s(ends: Sequence[float], cycle: int = 1) -> float:
@@ -773,7 +778,7 @@ def pipeline_micro_batch_s(comm: MPI.Comm, model: LayerModel, plan: Plan,
     Raises:
         PlanError: a plan for another number of ranks or layers (`Pipeline`'s checks)."""
     runs = pipeline_micro_batch_runs(comm, model, plan, budget_s, per_rank)
-    return None if runs is None else medians_in_turn([runs])[0]
+    return _median_of(runs)
 
 
 def data_parallel_iteration_runs(comm: MPI.Comm, model: LayerModel, batch: int, *,
@@ -848,7 +853,7 @@ def data_parallel_iteration_s(comm: MPI.Comm, model: LayerModel, batch: int, *,
     runs = data_parallel_iteration_runs(comm, model, batch, staleness=staleness,
                                         compression=compression, overlap=overlap,
                                         steps=steps, budget_s=budget_s)
-    return None if runs is None else medians_in_turn([runs])[0]
+    return _median_of(runs)
 
 
 def _random_micro_batches(model: LayerModel, micro_batch: int, count: int) -> MicroBatches:

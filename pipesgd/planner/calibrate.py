@@ -82,11 +82,11 @@ COMPUTE_BOUND = 0.5
 
 
 def compute_share(model_s: Callable[[ModelProfile], float], profile: ModelProfile,
-                  step: float = 0.1) -> float:
+                  step: float = 0.1, at_s: float | None = None) -> float:
     """How much of a relative change in `profile`'s layer times `model_s` passes on to the
     time it models: d ln(time) / d ln(layer times), 1 where compute alone bounds it and 0
-    where nothing of it does."""
-    t0 = model_s(profile)
+    where nothing of it does. `at_s`: `model_s(profile)` where the caller has it."""
+    t0 = model_s(profile) if at_s is None else at_s
     return (model_s(scaled_compute(profile, 1 + step)) - t0) / (step * t0) if t0 > 0 else 0.0
 
 
@@ -120,7 +120,7 @@ def fit_pipeline_overhead(profile: ModelProfile, topology: HierarchicalTopology 
 
     base = replace(profile, stage_excess_s=0.0)
     unfitted = simulated(base)
-    share = compute_share(simulated, base)
+    share = compute_share(simulated, base, at_s=unfitted)
     factor, excess = 1.0, 0.0
     if share < COMPUTE_BOUND:
         pass  # the run does not follow its stages' CPU: nothing to fit from it
