@@ -178,8 +178,9 @@ class DistributedOptimizer:
         self._staging: HostStaging | None = None
         self._host: list[list[Tensor]] = []  # staging: host twins of the buckets
         if staging or on_device:
+            # the twins in the engine's memory, as the buckets are on the CPU
             self._staging = HostStaging(self.params[0].device if self.params else
-                                        torch.device("cpu"))
+                                        torch.device("cpu"), engine=self.engine)
             self._host = [[self._staging.host_like(b) for b in buffers]
                           for buffers in self.buckets.buffers]
 

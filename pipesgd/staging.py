@@ -11,6 +11,12 @@ it. Neither copy makes the compute thread wait for the device:
 - back to the device: the copy runs on the side stream and the compute stream waits for
   its event, so the update that reads the bucket is ordered after it.
 
+Given the engine, host buckets lie in its memory (`Engine.zeros`): where the ranks share
+a node, the allreduce then sums them in place instead of copying them through the ring,
+as the unstaged buckets are. Beside a GPU that memory is pinned where it lies
+(`cudaHostRegister`), so the copies stay asynchronous; where CUDA refuses, a warning says
+so and the copies wait for the device.
+
 On the CPU both copies are immediate, so each gate opens as soon as its operation is
 queued, without the helper thread; the path is otherwise the same (host buckets, gated
 operations): `DistributedOptimizer(staging=True)` forces it, which is how it is tested
@@ -22,12 +28,15 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
+import weakref
 from collections import deque
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from pipesgd.buckets import engine_zeros
 from pipesgd.engine import Engine, Handle
 
 
@@ -141,16 +150,26 @@ class HostStaging:
     Args:
         device: where the device tensors live; a CPU device runs the same path without a
             GPU.
+        engine: where `host_like` buffers lie, when given and its ranks share memory
+            (`Engine.shares_memory`); `host_like` is then collective.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, engine: Engine | None = None) -> None:
         self._pin = device.type == "cuda"
+        self._engine = engine if engine is not None and engine.shares_memory else None
         self._copies = _Copies(device)
         self._opener = _GateOpener()
 
     def host_like(self, tensor: Tensor) -> Tensor:
-        """A flat host buffer (pinned beside a GPU) for `tensor`'s elements."""
-        return torch.zeros(tensor.numel(), dtype=tensor.dtype, pin_memory=self._pin)
+        """A flat host buffer (pinned beside a GPU) for `tensor`'s elements: in the
+        engine's memory, when it shares memory (collective then: every rank asks for the
+        same sizes in the same order), else in torch's."""
+        if self._engine is None:
+            return torch.zeros(tensor.numel(), dtype=tensor.dtype, pin_memory=self._pin)
+        host = engine_zeros(self._engine, (tensor.numel(),), tensor.dtype)
+        if self._pin:
+            _pin_in_place(host)
+        return host
 
     def host_empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> Tensor:
         """An uninitialised host tensor (pinned beside a GPU) of `shape` and `dtype`."""
@@ -182,6 +201,21 @@ class HostStaging:
     def close(self) -> None:
         """Stop the helper thread (after every submitted operation's gate is open)."""
         self._opener.close()
+
+
+def _pin_in_place(host: Tensor) -> None:
+    """Page-lock `host` for the GPU's copy engines where it lies, until it is collected;
+    where CUDA refuses, warn: its copies then wait for the device."""
+    cudart = torch.cuda.cudart()
+    ptr = host.data_ptr()
+    error = cudart.cudaHostRegister(ptr, host.numel() * host.element_size(), 0)
+    if error != cudart.cudaError.success:
+        warnings.warn(f"pipesgd: CUDA could not pin the engine's shared buffer ({error}): "
+                      "its copies to and from the GPU will wait for the device", stacklevel=3)
+        return
+    # before the memory is unmapped (the storage outlives this tensor object); not at exit,
+    # when CUDA may be gone already
+    weakref.finalize(host, cudart.cudaHostUnregister, ptr).atexit = False
 
 
 __all__ = ["CopyEvent", "HostStaging"]

@@ -2,13 +2,15 @@
 bitwise the same weights for K = 1-3, with and without compression, warm-up, either
 overlap, and through a save and resume in the middle. With `cuda` (tests/gpu): the model
 on each rank's GPU, staged by default, keeps the ranks bitwise equal, resumes bitwise, and
-trains as the CPU does (to rounding). Usage: optim_staging.py [cuda]
+trains as the CPU does (to rounding). Either way, the host buckets lie in the engine's
+memory and are reduced in place. Usage: optim_staging.py [cuda]
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import warnings
 
 import torch
 from mpi4py import MPI
@@ -78,6 +80,25 @@ configs = [
 ] + [{"staleness": 2, "warmup_steps": 2, "compression": "trunc16"}]
 
 
+def reduced_in_place(device: str) -> None:
+    """Ranks sharing a node: the staged buckets lie in the engine's memory (pinned where it
+    lies beside a GPU: no warning that CUDA refused) and are summed in place, as the plain
+    ones are, so none takes the caller's-array paths, whose choice `operation_paths` lists
+    once made (from 4 MiB at p = 2: the links or MPI's messages)."""
+    engine = pipesgd.init()
+    assert engine.shares_memory and not engine.operation_paths, engine.operation_paths
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(10, 1024), nn.ReLU(), nn.Linear(1024, 1100), nn.ReLU(),
+                          nn.Linear(1100, 4)).to(device)  # 4.4 MiB of float32: one bucket
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   model.named_parameters(), bucket_mb=8, staging=True)
+    train(model, opt, range(12))  # the first choice times each path on three operations
+    assert not engine.operation_paths, f"{device}: reduced as the caller's arrays: " \
+        f"{engine.operation_paths}"
+
+
 def on_the_gpu() -> None:
     for config in configs:
         gpu: list[torch.Tensor] = []
@@ -96,6 +117,7 @@ def on_the_gpu() -> None:
         print(f"optim_staging cuda: ok on {comm.size} ranks")
 
 
+reduced_in_place("cuda" if ON_GPU else "cpu")
 if ON_GPU:
     on_the_gpu()
     sys.exit(0)
