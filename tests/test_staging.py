@@ -1,15 +1,18 @@
 """pipesgd.staging's helper thread, driven by slow stand-ins for CUDA events: each gate
 opens only once its copy has completed, in submission order, and a copy already done
-opens its gate at once. The staged path end to end: tests/mpi/optim_staging.py."""
+opens its gate at once; host buffers pinned where they lie, against a stand-in for CUDA's
+registration calls. The staged path end to end: tests/mpi/optim_staging.py."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
+import pytest
 import torch
 
-from pipesgd.staging import HostStaging, _GateOpener
+from pipesgd.staging import HostStaging, _GateOpener, _pin_in_place
 
 
 class SlowEvent:
@@ -72,3 +75,45 @@ def test_copies_are_timed_and_land_where_asked() -> None:
     assert first > 0
     staging.copy_to_host(host, source)
     assert staging.copy_seconds > first
+
+
+class FakeCudart:
+    """`torch.cuda.cudart()`'s registration calls, answering `result` (0: success)."""
+
+    class cudaError:  # cudart's name
+        success = 0
+
+    def __init__(self, result: int) -> None:
+        self.result = result
+        self.calls: list[tuple] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.calls.append(("register", ptr, size, flags))
+        return self.result
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+def test_a_buffer_pinned_where_it_lies_is_unpinned_when_collected(monkeypatch) -> None:
+    cudart = FakeCudart(0)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    host = torch.zeros(1000)
+    ptr = host.data_ptr()
+    _pin_in_place(host)
+    assert cudart.calls == [("register", ptr, 4000, 0)]
+    del host
+    gc.collect()
+    assert cudart.calls == [("register", ptr, 4000, 0), ("unregister", ptr)]
+
+
+def test_a_buffer_cuda_refuses_to_pin_warns_and_stays_usable(monkeypatch) -> None:
+    cudart = FakeCudart(712)  # cudaErrorHostMemoryAlreadyRegistered, say
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    host = torch.zeros(10)
+    with pytest.warns(UserWarning, match=r"could not pin .*\(712\).* wait for the device"):
+        _pin_in_place(host)
+    del host
+    gc.collect()
+    assert [c[0] for c in cudart.calls] == ["register"]  # nothing to unregister
