@@ -11,9 +11,9 @@ it. Neither copy makes the compute thread wait for the device:
 - back to the device: the copy runs on the side stream and the compute stream waits for
   its event, so the update that reads the bucket is ordered after it.
 
-Given the engine, host buckets lie in its memory (`Engine.zeros`): where the ranks share
-a node, the allreduce then sums them in place instead of copying them through the ring,
-as the unstaged buckets are. Beside a GPU that memory is pinned where it lies
+Given an engine whose ranks share a node, `host_like` buffers lie in its memory
+(`Engine.zeros`), so its allreduce sums them in place instead of copying them through the
+ring, as it does the unstaged buckets. Beside a GPU that memory is pinned where it lies
 (`cudaHostRegister`), so the copies stay asynchronous; where CUDA refuses, a warning says
 so and the copies wait for the device.
 

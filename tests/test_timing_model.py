@@ -404,7 +404,9 @@ def test_choose_compute_bound_pipe_time_equals_compute():
 
 
 def test_choose_communication_bound_prefers_sequential_and_compression():
-    pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4, gradient_bytes=400e6)
+    # 10 ms of compute that Pipe-SGD hides behind a 330 ms allreduce: 3 %, beyond the
+    # model's resolution (with 0.3 ms it would tie D-Sync, which the tie-break prefers)
+    pr = prof(forward_s=5e-3, backward_s=5e-3, update_s=1e-4, gradient_bytes=400e6)
     ranked = choose(pr, net(), 4, segments=8)
     best = ranked[0]
     assert best.config.staleness == 2 and best.config.overlap == "sequential"
@@ -441,6 +443,24 @@ def test_choose_a_tie_won_by_the_burst_goes_to_the_pipelined_configuration():
     # the tie goes to the lower staleness as before
     assert choose(pr, net(), 4, configs=[dsync.config, pipe.config])[0].config == pipe.config
     assert choose(pr, nw, 1, configs=[pipe.config, dsync.config])[0].config == dsync.config
+
+
+def test_choose_takes_predictions_within_its_resolution_as_ties():
+    # Pipe-SGD+Q/ovl predicted a hair ahead of D-Sync: below the model's resolution, so
+    # the simpler one (lower K, no compression, sequential) ranks first; beyond it, the
+    # faster one does.
+    dsync = predict(prof(), net(), 4, 1, "none", "sequential")
+    pipe = predict(prof(), net(), 4, 2, "quant8", "backward")
+    assert dsync.details["burst_saving_s"] == pipe.details["burst_saving_s"] == 0
+
+    def first(dsync_s: float) -> Config:
+        preds = [dataclasses.replace(pipe, predicted_s=1.0),
+                 dataclasses.replace(dsync, predicted_s=dsync_s)]
+        fastest = min(pr.predicted_s for pr in preds)
+        return min(preds, key=lambda pr: M.ranking_key(pr, fastest)).config
+
+    assert first(1 + 0.9 * M.TIE_TOLERANCE) == dsync.config
+    assert first(1 + 1.1 * M.TIE_TOLERANCE) == pipe.config
 
 
 def test_prediction_json_fields():

@@ -51,7 +51,7 @@ from typing import Any
 
 from pipesgd.pipeline.plan import Plan, StagePlan
 from pipesgd.timing.cluster import describe_cluster
-from pipesgd.timing.model import Prediction
+from pipesgd.timing.model import ROUNDING, Prediction
 from pipesgd.timing.model import choose as choose_data_parallel
 from pipesgd.timing.network import NetworkParams
 from pipesgd.timing.profile import Profile
@@ -222,10 +222,11 @@ def data_parallel_pick(profile: ModelProfile, topology: HierarchicalTopology,
                        batch_size: int, network: NetworkParams | None = None) -> Prediction:
     """The timing model's fastest data-parallel configuration on `topology`'s workers at
     `batch_size` samples per worker (`network`: the measured one, else the topology's
-    slowest level)."""
+    slowest level). The fastest predicted, not `timing.choose`'s simplest within its
+    resolution: the families are ranked by their predicted rates."""
     net = network if network is not None else data_parallel_network(topology)
     return choose_data_parallel(data_parallel_profile(profile, batch_size), net,
-                                topology.num_workers)[0]
+                                topology.num_workers, tie_tolerance=ROUNDING)[0]
 
 
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:
