@@ -453,14 +453,20 @@ def test_choose_takes_predictions_within_its_resolution_as_ties():
     pipe = predict(prof(), net(), 4, 2, "quant8", "backward")
     assert dsync.details["burst_saving_s"] == pipe.details["burst_saving_s"] == 0
 
-    def first(dsync_s: float) -> Config:
+    def first(dsync_s: float, burst_saving_s: float = 0.0) -> Config:
         preds = [dataclasses.replace(pipe, predicted_s=1.0),
-                 dataclasses.replace(dsync, predicted_s=dsync_s)]
+                 dataclasses.replace(dsync, predicted_s=dsync_s, details={
+                     **dsync.details, "burst_saving_s": burst_saving_s})]
         fastest = min(pr.predicted_s for pr in preds)
         return min(preds, key=lambda pr: M.ranking_key(pr, fastest)).config
 
     assert first(1 + 0.9 * M.TIE_TOLERANCE) == dsync.config
     assert first(1 + 1.1 * M.TIE_TOLERANCE) == pipe.config
+    # a burst saving too small to be what makes the tie leaves it to the simpler one (a
+    # probe's 25 kB on a TCP link: 54 us of 135 ms); one without which D-Sync would not
+    # tie sends it behind
+    assert first(1.0, burst_saving_s=0.5 * M.TIE_TOLERANCE) == dsync.config
+    assert first(1.0, burst_saving_s=1.5 * M.TIE_TOLERANCE) == pipe.config
 
 
 def test_prediction_json_fields():

@@ -713,11 +713,12 @@ def choose(
 ) -> list[Prediction]:
     """Every configuration, fastest predicted first.
 
-    Ties (within `tie_tolerance` of the fastest, relative) go first to the configuration
-    that counts less on a link's burst (`burst_saving` is an upper bound: on emulated 1
-    Gbit/s links, p = 2, a ring after 2 ms of idling saved 50-75 % of it, so a D-Sync
-    that ties Pipe-SGD only thanks to the burst runs slower), then to the simpler one:
-    lower staleness, then less compression, then sequential communication.
+    Ties (within `tie_tolerance` of the fastest, relative) go last to a configuration
+    that ties only thanks to the burst it counts on (`burst_saving` is an upper bound: on
+    emulated 1 Gbit/s links, p = 2, a ring after 2 ms of idling saved 50-75 % of it, so a
+    D-Sync that ties Pipe-SGD only thanks to the burst runs slower), and otherwise first
+    to the simpler one: lower staleness, then less compression, then sequential
+    communication.
 
     Example:
         >>> ranked = choose(prof, net, p=4)
@@ -733,11 +734,13 @@ def choose(
 
 
 def ranking_key(pr: Prediction, fastest: float, tie_tolerance: float = TIE_TOLERANCE,
-                ) -> tuple[int, float, float, int, int, int]:
-    """`choose`'s order: predicted time relative to the `fastest`, ties (within
-    `tie_tolerance`) broken by the burst the prediction counts on, then K, compression,
-    overlap."""
-    tie = pr.predicted_s <= fastest * (1 + tie_tolerance)
+                ) -> tuple[int, float, int, int, int, int]:
+    """`choose`'s order: predicted time relative to the `fastest`; among ties (within
+    `tie_tolerance`), those that tie only thanks to the burst they count on last, then
+    by K, compression, overlap."""
+    within = fastest * (1 + tie_tolerance)
+    tie = pr.predicted_s <= within
     ratio = 0.0 if tie or fastest == 0 else round(pr.predicted_s / fastest, 6)
-    return (0 if tie else 1, ratio, pr.details["burst_saving_s"], pr.config.staleness,
+    by_burst = int(pr.predicted_s + pr.details["burst_saving_s"] > within)
+    return (0 if tie else 1, ratio, by_burst, pr.config.staleness,
             MODES.index(pr.config.compression), OVERLAPS.index(pr.config.overlap))
