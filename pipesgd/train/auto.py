@@ -138,8 +138,9 @@ def rank_configurations(
     """Every configuration (`all_configs`), fastest predicted first.
 
     A configuration that overlaps with backward is predicted at each of `bucket_mb` and
-    keeps its fastest (on a tie, the larger bucket: fewer allreduces); a sequential one
-    at `SEQUENTIAL_BUCKET_MB`. The ranking breaks ties as `pipesgd.timing.choose` does.
+    keeps its fastest, or a larger bucket predicted within `TIE_TOLERANCE` of it (fewer
+    allreduces); a sequential one at `SEQUENTIAL_BUCKET_MB`. The ranking breaks ties as
+    `pipesgd.timing.choose` does.
 
     Raises:
         ValueError: no bucket size, or what `predict` rejects.
