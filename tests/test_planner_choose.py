@@ -8,6 +8,7 @@ import pytest
 
 from pipesgd.planner import ModelProfile, choose, fit_data_parallel_overhead, simulate
 from pipesgd.planner.choose import (
+    TIE,
     at_batch,
     data_parallel_memory,
     data_parallel_network,
@@ -17,7 +18,7 @@ from pipesgd.planner.choose import (
 from pipesgd.planner.profile import scaled_compute
 from pipesgd.planner.topology import HierarchicalTopology
 from pipesgd.timing import describe_cluster
-from pipesgd.timing.model import ROUNDING, Config
+from pipesgd.timing.model import Config
 from pipesgd.timing.model import choose as choose_data_parallel
 
 MB = 1e6
@@ -64,7 +65,7 @@ def test_data_parallel_wins_when_activations_are_heavy_and_matches_the_timing_mo
     assert choice.best.family == "data-parallel"
     # the fastest predicted configuration (the families are ranked by rate)
     ranked = choose_data_parallel(data_parallel_profile(prof, 8),
-                                  data_parallel_network(topo), 4, tie_tolerance=ROUNDING)
+                                  data_parallel_network(topo), 4, tie_tolerance=TIE)
     assert choice.best.samples_per_s == pytest.approx(4 * 8 / ranked[0].predicted_s)
     assert choice.best.prediction.config == ranked[0].config
     pipe = by_family(choice)["pipedream"]

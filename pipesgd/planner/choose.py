@@ -51,7 +51,7 @@ from typing import Any
 
 from pipesgd.pipeline.plan import Plan, StagePlan
 from pipesgd.timing.cluster import describe_cluster
-from pipesgd.timing.model import ROUNDING, Prediction
+from pipesgd.timing.model import Prediction
 from pipesgd.timing.model import choose as choose_data_parallel
 from pipesgd.timing.network import NetworkParams
 from pipesgd.timing.profile import Profile
@@ -226,7 +226,7 @@ def data_parallel_pick(profile: ModelProfile, topology: HierarchicalTopology,
     resolution: the families are ranked by their predicted rates."""
     net = network if network is not None else data_parallel_network(topology)
     return choose_data_parallel(data_parallel_profile(profile, batch_size), net,
-                                topology.num_workers, tie_tolerance=ROUNDING)[0]
+                                topology.num_workers, tie_tolerance=TIE)[0]
 
 
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:

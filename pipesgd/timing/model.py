@@ -114,7 +114,6 @@ DEFAULT_BUCKET_BYTES = 25 << 20
 # 2-8 % over the suite's scenarios), and so is the spread of one configuration's
 # measurements (docs/timing_model.md, "Ties within the model's resolution").
 TIE_TOLERANCE = 0.01
-ROUNDING = 1e-9  # ties up to float rounding alone
 BREAKDOWN_KEYS = ("update", "forward", "backward", "communication", "compression", "staging",
                   "contention")
 
