@@ -89,9 +89,11 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   Pipe-SGD only where communication is the longer side.
 * Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
   its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
-  link idles while the iteration computes, so its first allreduce gains that much;
-  Pipe-SGD's link idles only when compute is the longer side, where communication is
-  hidden anyway, so its prediction does not change (`burst_saving`).
+  link idles while the iteration computes, so its allreduces gain that much, the first
+  bucket's and, where it carries fewer bytes than the burst, the next ones' (the bucket
+  serves the link's next bytes, whichever allreduce they belong to); Pipe-SGD's link
+  idles only when compute is the longer side, where communication is hidden anyway, so
+  its prediction does not change (`burst_saving`).
 """
 
 from __future__ import annotations
@@ -593,14 +595,19 @@ def predict(
     if staleness == 1:
         # The link idled from the last allreduce until the first bucket leaves.
         idle = (update + l_for + buckets[0][1] * l_back) * s_comp
-        burst_s = burst_saving(network, idle, costs[0].transfer)
+        # The refilled token bucket carries the link's next bytes, whichever of the
+        # iteration's allreduces they belong to.
+        burst_s = burst_saving(network, idle, total.transfer)
         if overlap == "sequential":
             tail = comm_wall - burst_s
         else:
             # bucket i leaves when ready and when the comm thread is free; backward is
             # stretched like all compute.
             walls = [cost.wall(s_comm) for cost in costs]
-            walls[0] -= burst_s  # the first bucket leaves on the refilled bucket
+            left = burst_s  # the first buckets leave on the refilled bucket
+            for i, cost in enumerate(costs):
+                walls[i] -= min(left, cost.transfer)
+                left -= min(left, cost.transfer)
             end = 0.0
             for (_, ready), wall in zip(buckets, walls, strict=True):
                 end = max(end, ready * l_back * s_comp) + wall
