@@ -606,8 +606,9 @@ def predict(
             walls = [cost.wall(s_comm) for cost in costs]
             left = burst_s  # the first buckets leave on the refilled bucket
             for i, cost in enumerate(costs):
-                walls[i] -= min(left, cost.transfer)
-                left -= min(left, cost.transfer)
+                used = min(left, cost.transfer)
+                walls[i] -= used
+                left -= used
             end = 0.0
             for (_, ready), wall in zip(buckets, walls, strict=True):
                 end = max(end, ready * l_back * s_comp) + wall
