@@ -44,3 +44,28 @@ def test_an_unknown_scenario_name_is_refused_with_the_names_known() -> None:
     with pytest.raises(SystemExit, match=r"--scenarios: unknown 9gbit-p2-mlp; held out and "
                                          r"seen: .*" + suite.HELD_OUT[0].name):
         suite.grid(args(scenarios=f"{suite.HELD_OUT[0].name},9gbit-p2-mlp"))
+
+
+def run(k: int, mode: str, measured: float, confirmed: float | None = None) -> dict:
+    return {"staleness": k, "compression": mode, "overlap": "sequential",
+            "measured_s": measured, "confirmed_s": confirmed}
+
+
+def test_the_pick_is_judged_on_the_confirmation_rounds_of_the_contenders() -> None:
+    # over every round D-Sync+Q read 8 % slower than Pipe-SGD+Q; timed again, alone,
+    # 2 % slower: the fresh rounds decide
+    runs = [run(1, "quant8", 1.08, 1.02), run(2, "quant8", 1.00, 1.00),
+            run(2, "none", 3.0)]
+    assert suite.pick_ratio(runs, (1, "quant8", "sequential")) == pytest.approx(1.02)
+    assert suite.pick_ratio(runs, (2, "quant8", "sequential")) == pytest.approx(1.0)
+
+
+def test_a_pick_that_was_no_contender_is_judged_on_every_round() -> None:
+    runs = [run(1, "quant8", 1.0, 1.0), run(2, "quant8", 1.03, 1.01), run(2, "none", 3.0)]
+    assert suite.pick_ratio(runs, (2, "none", "sequential")) == pytest.approx(3.0)
+
+
+def test_runs_from_before_confirmation_are_judged_on_their_medians() -> None:
+    runs = [{k: v for k, v in run(1, "quant8", 1.06).items() if k != "confirmed_s"},
+            {k: v for k, v in run(2, "quant8", 1.0).items() if k != "confirmed_s"}]
+    assert suite.pick_ratio(runs, (1, "quant8", "sequential")) == pytest.approx(1.06)
