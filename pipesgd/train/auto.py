@@ -138,26 +138,26 @@ def rank_configurations(
     """Every configuration (`all_configs`), fastest predicted first.
 
     A configuration that overlaps with backward is predicted at each of `bucket_mb` and
-    keeps its fastest, or a larger bucket predicted within `TIE_TOLERANCE` of it (fewer
-    allreduces); a sequential one at `SEQUENTIAL_BUCKET_MB`. The ranking breaks ties as
-    `pipesgd.timing.choose` does.
+    keeps the largest bucket predicted within `TIE_TOLERANCE` of its fastest (fewer
+    allreduces; a tie as `pipesgd.timing.choose` reads one); a sequential one at
+    `SEQUENTIAL_BUCKET_MB`. The ranking breaks ties as `choose` does.
 
     Raises:
         ValueError: no bucket size, or what `predict` rejects.
     """
     if not bucket_mb or any(not mb > 0 for mb in bucket_mb):
         raise ValueError(f"bucket sizes must be a non-empty list of MiB > 0, got {bucket_mb}")
-    best: dict[Config, Candidate] = {}
+    best = []
     for config in all_configs():
-        sizes = (sorted(bucket_mb, reverse=True) if config.overlap == "backward"
-                 else [SEQUENTIAL_BUCKET_MB])
-        for mb in sizes:
-            pr = predict(profile, network, p, config.staleness, config.compression,
-                         config.overlap, bucket_bytes=int(mb * (1 << 20)))
-            kept = best.get(config)
-            if kept is None or pr.predicted_s < kept.prediction.predicted_s * (1 - TIE_TOLERANCE):
-                best[config] = Candidate(pr, mb)
-    return _ranked(list(best.values()))
+        sizes = bucket_mb if config.overlap == "backward" else [SEQUENTIAL_BUCKET_MB]
+        tried = [Candidate(predict(profile, network, p, config.staleness, config.compression,
+                                   config.overlap, bucket_bytes=int(mb * (1 << 20))), mb)
+                 for mb in sizes]
+        fastest = min(c.prediction.predicted_s for c in tried)
+        best.append(max((c for c in tried
+                         if c.prediction.predicted_s <= fastest * (1 + TIE_TOLERANCE)),
+                        key=lambda c: c.bucket_mb))
+    return _ranked(best)
 
 
 def _ranked(candidates: list[Candidate]) -> list[Candidate]:
