@@ -68,8 +68,8 @@ MIN_ROUNDS, MAX_ROUNDS = 5, 30
 # contenders only, those whose first-phase median is within CONTENDER of the fastest.
 # Judged on the rounds that chose it, the fastest is the luckiest of a dozen noisy
 # medians and reads low (the CNN at 1 Gbit/s, p = 4, six rounds: twelve samples each,
-# twins 4 % apart); fresh rounds hold no such selection, and with a third of the
-# configurations each round is a third as long, so the contenders get three times the
+# twins 4 % apart); fresh rounds hold no such selection, and with fewer configurations
+# (two to four of the twelve, mostly) each round is shorter, so the contenders get more
 # samples in the same time.
 CONFIRM_BUDGET_S = 120.0
 CONTENDER = 0.10
