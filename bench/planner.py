@@ -163,7 +163,7 @@ def predict_row(row: dict, prof: Any, topo: Any, net: Any, workers: int,
     the measured network `net`."""
     from pipesgd.pipeline import Plan
     from pipesgd.planner import simulate
-    from pipesgd.planner.choose import data_parallel_profile
+    from pipesgd.planner.choose import data_parallel_profile, data_parallel_rate
     from pipesgd.timing.model import predict
 
     if "plan" in row:
@@ -171,7 +171,7 @@ def predict_row(row: dict, prof: Any, topo: Any, net: Any, workers: int,
     dp = row["data_parallel"]
     pred = predict(data_parallel_profile(prof, micro_batch), net, workers, dp["staleness"],
                    dp["compression"], dp["overlap"])
-    return workers * micro_batch / pred.predicted_s
+    return data_parallel_rate(pred, workers, micro_batch)
 
 
 # --------------------------------------------------------------------------- runs

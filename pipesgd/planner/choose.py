@@ -229,6 +229,14 @@ def data_parallel_pick(profile: ModelProfile, topology: HierarchicalTopology,
                                 topology.num_workers, tie_tolerance=TIE)[0]
 
 
+def data_parallel_rate(prediction: Prediction, workers: int, batch_size: int) -> float:
+    """Samples/s of data parallelism on `workers` at `batch_size` samples per worker,
+    whose iteration the timing model predicts as `prediction`."""
+    if prediction.predicted_s <= 0:
+        return math.inf
+    return workers * batch_size / prediction.predicted_s
+
+
 def data_parallel_memory(profile: ModelProfile, batch_size: int) -> float:
     """Weights + optimizer state + the whole model's saved activations for one batch."""
     k = batch_scale(profile, batch_size)
@@ -248,7 +256,7 @@ def _data_parallel(profile: ModelProfile, topo: HierarchicalTopology, batch_size
                    network: NetworkParams | None, budget: float | None) -> Candidate:
     p = topo.num_workers
     best = data_parallel_pick(profile, topo, batch_size, network)
-    rate = p * batch_size / best.predicted_s if best.predicted_s > 0 else math.inf
+    rate = data_parallel_rate(best, p, batch_size)
     memory = data_parallel_memory(profile, batch_size)
     fits = budget is None or memory <= budget * (1 + TIE)
     reason = (f"data parallelism on {p} workers, {best.config.label}: "
@@ -576,6 +584,7 @@ __all__ = [
     "data_parallel_network",
     "data_parallel_pick",
     "data_parallel_profile",
+    "data_parallel_rate",
     "format_bytes",
     "refine_boundaries",
     "straight_pipeline",
