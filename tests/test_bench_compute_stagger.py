@@ -1,15 +1,9 @@
 """bench/compute_stagger.py counts how many ranks compute at once from their compute spells."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from bench_scripts import load_bench
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("compute_stagger",
-                                              ROOT / "bench" / "compute_stagger.py")
-compute_stagger = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compute_stagger)
+compute_stagger = load_bench("compute_stagger")
 
 
 def spells(offset: float, n: int = 10, period: float = 10.0, length: float = 2.0):

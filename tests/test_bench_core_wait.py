@@ -3,14 +3,10 @@ function, against the form it replaced, on hand-worked records."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from mpirun import ROOT
+from bench_scripts import load_bench
 
-spec = importlib.util.spec_from_file_location("core_wait", ROOT / "bench" / "core_wait.py")
-core_wait = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(core_wait)
+core_wait = load_bench("core_wait")
 
 
 def record(W: float, D: float, C: float, measured: float) -> dict:

@@ -4,16 +4,14 @@ beside the enumerated cuts."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
 import pytest
+from bench_scripts import load_bench
 from mpirun import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
-spec = importlib.util.spec_from_file_location("bench_planner", ROOT / "bench" / "planner.py")
-planner = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(planner)
+planner = load_bench("planner", "bench_planner")
 
 INNER = ["python", "worker.py"]
 

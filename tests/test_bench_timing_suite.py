@@ -4,16 +4,11 @@ select, and a clear error for a name it does not know."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 
 import pytest
-from mpirun import ROOT
+from bench_scripts import load_bench
 
-spec = importlib.util.spec_from_file_location("timing_suite", ROOT / "bench" / "timing_suite.py")
-suite = importlib.util.module_from_spec(spec)
-sys.modules["timing_suite"] = suite  # its dataclasses look their module up
-spec.loader.exec_module(suite)
+suite = load_bench("timing_suite")
 
 
 def args(**kw) -> argparse.Namespace:

@@ -7,25 +7,16 @@ the burst probe looks for, the module takes about a minute.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_bench
 from mpirun import ROOT, SCRIPTS, mpi_env, mpirun_command
 
-
-def _load_netem():
-    spec = importlib.util.spec_from_file_location("netem", ROOT / "bench" / "netem.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["netem"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-netem = _load_netem()
+netem = load_bench("netem")
 
 RATE = "200mbit"
 RATE_BPS = 200_000_000
