@@ -489,6 +489,25 @@ def test_choose_takes_predictions_within_its_resolution_as_ties():
     assert first(1.0, burst_saving_s=1.5 * M.TIE_TOLERANCE) == pipe.config
 
 
+def test_ties_go_to_pipe_sgd_where_compute_shares_too_few_cores():
+    # Four ranks of one compute thread on two cores (compute stretched x2): a D-Sync
+    # level with Pipe-SGD in the model ranks after it; beyond the tolerance the faster
+    # one still ranks first. Two ranks on two cores keep the simpler one first.
+    def first(ranks: int, dsync_s: float) -> Config:
+        host = net(cores=2, ranks_per_host=ranks)
+        preds = [dataclasses.replace(predict(prof(), host, ranks, k, "quant8"), predicted_s=t)
+                 for k, t in ((1, dsync_s), (2, 1.0))]
+        fastest = min(pr.predicted_s for pr in preds)
+        return min(preds, key=lambda pr: M.ranking_key(pr, fastest)).config
+
+    dsync, pipe = Config(1, "quant8", "sequential"), Config(2, "quant8", "sequential")
+    assert first(4, 1.0) == pipe
+    assert first(4, 1 - 0.5 * M.TIE_TOLERANCE) == pipe
+    assert first(4, 1 - 2 * M.TIE_TOLERANCE) == dsync
+    assert first(2, 1.0) == dsync
+    assert first(2, 1 + 0.5 * M.TIE_TOLERANCE) == dsync
+
+
 def test_prediction_json_fields():
     d = predict(prof(), net(), 2).to_dict()
     for key in ("staleness", "compression", "overlap", "predicted_s", "breakdown"):

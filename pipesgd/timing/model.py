@@ -723,9 +723,12 @@ def choose(
     Ties (within `tie_tolerance` of the fastest, relative) go last to a configuration
     that ties only thanks to the burst it counts on (`burst_saving` is an upper bound: on
     emulated 1 Gbit/s links, p = 2, a ring after 2 ms of idling saved 50-75 % of it, so a
-    D-Sync that ties Pipe-SGD only thanks to the burst runs slower), and otherwise first
-    to the simpler one: lower staleness, then less compression, then sequential
-    communication.
+    D-Sync that ties Pipe-SGD only thanks to the burst runs slower); where the ranks'
+    compute threads outnumber the host's cores (compute stretched), then D-Sync last:
+    its ranks fall out of step there, which costs a synchronous allreduce time the model
+    does not charge (docs/timing_model.md, "Ties within the model's resolution"); and
+    otherwise first to the simpler one: lower staleness, then less compression, then
+    sequential communication.
 
     Example:
         >>> ranked = choose(prof, net, p=4)
@@ -741,13 +744,16 @@ def choose(
 
 
 def ranking_key(pr: Prediction, fastest: float, tie_tolerance: float = TIE_TOLERANCE,
-                ) -> tuple[int, float, int, int, int, int]:
+                ) -> tuple[int, float, int, int, int, int, int]:
     """`choose`'s order: predicted time relative to the `fastest`; among ties (within
     `tie_tolerance`), those that tie only thanks to the burst they count on last, then
-    by K, compression, overlap."""
+    D-Sync last where compute shares too few cores, then by K, compression, overlap."""
     within = fastest * (1 + tie_tolerance)
     tie = pr.predicted_s <= within
     ratio = 0.0 if tie or fastest == 0 else round(pr.predicted_s / fastest, 6)
     by_burst = int(pr.predicted_s + pr.details["burst_saving_s"] > within)
-    return (0 if tie else 1, ratio, by_burst, pr.config.staleness,
+    # More compute threads than cores: D-Sync's ranks leave each allreduce apart and take
+    # turns computing, so its iteration runs longer than predicted (bench/compute_stagger.py)
+    out_of_step = int(pr.config.staleness == 1 and pr.details["compute_stretch"] > 1)
+    return (0 if tie else 1, ratio, by_burst, out_of_step, pr.config.staleness,
             MODES.index(pr.config.compression), OVERLAPS.index(pr.config.overlap))
