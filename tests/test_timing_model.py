@@ -168,14 +168,31 @@ def test_token_bucket_burst_shortens_dsync_only():
     slow = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
     assert predict(slow, bucket, 4, staleness=2).predicted_s == pytest.approx(
         predict(slow, plain, 4, staleness=2).predicted_s)
-    # 0.3 ms of compute refills only 0.3e6 bytes of the bucket
+    # 0.3 ms of compute and the ring's 0.38 ms off the wire (latency 6 x 10 us, sums
+    # 3e6 B x 0.1 ns, sync 20 us) refill only 0.68e6 bytes of the bucket
     short = predict(slow, bucket, 4, staleness=1)
-    assert short.details["burst_saving_s"] == pytest.approx(3e-4)
-    assert short.predicted_s == pytest.approx(3e-4 + comm - 3e-4)
+    off_wire = 6e-5 + 3e-4 + 2e-5
+    assert short.details["burst_saving_s"] == pytest.approx(3e-4 + off_wire)
+    assert short.predicted_s == pytest.approx(3e-4 + comm - 3e-4 - off_wire)
     # a bucket larger than the transfer saves the whole transfer, no more
     assert M.burst_saving(net(burst_bytes=1e9), 10.0, 6e-3) == pytest.approx(6e-3)
     with pytest.raises(ValueError, match="burst_bytes"):
         net(burst_bytes=-1.0)
+
+
+def test_token_bucket_refills_while_the_last_ring_step_waits_for_a_core():
+    # Four ranks on two cores: D-Sync's last ring step waits lambda_load for a core after
+    # the link carried its bytes, so the bucket refills for that wait too: the saving is
+    # the stretched compute (2 x 0.3 ms), the wait (1 ms) and the ring's time off the wire.
+    slow = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    host = dict(cores=2, ranks_per_host=4, load_latency_s=1e-3)
+    d = predict(slow, net(burst_bytes=1e7, **host), 4, staleness=1)
+    cost = M.ring_allreduce_cost(4e6, 4, net(**host))
+    off_wire = cost.wall(kernel_stretch=2.0) - cost.transfer
+    assert d.details["burst_saving_s"] == pytest.approx(2 * 3e-4 + 1e-3 + off_wire)
+    assert d.details["burst_saving_s"] < cost.transfer
+    plain = predict(slow, net(**host), 4, staleness=1)
+    assert plain.predicted_s - d.predicted_s == pytest.approx(d.details["burst_saving_s"])
 
 
 def test_token_bucket_burst_carries_on_past_a_small_first_bucket():
@@ -449,10 +466,11 @@ def test_choose_prefers_no_compression_when_kernels_cost_more_than_they_save():
 
 
 def test_choose_a_tie_won_by_the_burst_goes_to_the_pipelined_configuration():
-    # 0.3 ms of compute, a 6 ms ring, a bucket larger than the compute refills: D-Sync's
-    # burst saves exactly the compute, so it ties Pipe-SGD; the burst is an upper bound.
+    # 0.3 ms of compute, a 6 ms ring all on the wire, a bucket larger than the compute
+    # refills: D-Sync's burst saves exactly the compute, so it ties Pipe-SGD; the burst
+    # is an upper bound.
     pr = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
-    nw = net(burst_bytes=1e6)
+    nw = net(burst_bytes=1e6, alpha_s=0.0, gamma_s_per_byte=0.0, sync_s=0.0)
     by = {r.config: r for r in choose(pr, nw, 4)}
     dsync, pipe = by[Config(1, "none", "sequential")], by[Config(2, "none", "sequential")]
     assert dsync.predicted_s == pytest.approx(pipe.predicted_s)
@@ -461,7 +479,8 @@ def test_choose_a_tie_won_by_the_burst_goes_to_the_pipelined_configuration():
     assert best[0].config == pipe.config
     # without a burst, D-Sync is slower outright; with no communication at all (p = 1)
     # the tie goes to the lower staleness as before
-    assert choose(pr, net(), 4, configs=[dsync.config, pipe.config])[0].config == pipe.config
+    on_wire = net(alpha_s=0.0, gamma_s_per_byte=0.0, sync_s=0.0)
+    assert choose(pr, on_wire, 4, configs=[dsync.config, pipe.config])[0].config == pipe.config
     assert choose(pr, nw, 1, configs=[pipe.config, dsync.config])[0].config == dsync.config
 
 

@@ -89,7 +89,9 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   Pipe-SGD only where communication is the longer side.
 * Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
   its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
-  link idles while the iteration computes, so its allreduces gain that much, the first
+  link idles whenever it carries none of the allreduce's bytes (while the iteration
+  computes, and for the ring's time off the wire: latency, kernels, the last step's wait
+  for a core), so its allreduces gain that much, the first
   bucket's and, where it carries fewer bytes than the burst, the next ones' (the bucket
   serves the link's next bytes, whichever allreduce they belong to); Pipe-SGD's link
   idles only when compute is the longer side, where communication is hidden anyway, so
@@ -593,8 +595,11 @@ def predict(
     unshared = unshared_fraction(total.cpu, comm_wall, R, C, t) if overlaps else 0.0
     serialized = False  # the iteration set by the part of its allreduce unshared
     if staleness == 1:
-        # The link idled from the last allreduce until the first bucket leaves.
-        idle = (update + l_for + buckets[0][1] * l_back) * s_comp
+        # The link idled from the last allreduce's bytes until the first bucket leaves:
+        # the compute before it, the last ring step's wait for a core, and the ring's
+        # time off the wire (latency, kernels, sync, staging), which follow those bytes.
+        idle = ((update + l_for + buckets[0][1] * l_back) * s_comp + last_step_wait
+                + comm_wall - total.transfer)
         # The refilled token bucket carries the link's next bytes, whichever of the
         # iteration's allreduces they belong to.
         burst_s = burst_saving(network, idle, total.transfer)
