@@ -90,8 +90,8 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
 * Token-bucket links (`burst_bytes`, measured): a link that idled for d seconds sends
   its first min(burst, d/β) bytes at line rate, saving up to burst·β of transfer. D-Sync's
   link idles whenever it carries none of the allreduce's bytes (while the iteration
-  computes, and for the ring's time off the wire: latency, kernels, the last step's wait
-  for a core), so its allreduces gain that much, the first
+  computes, and for the ring's time off the wire: latency, kernels, sync, staging, the
+  last step's wait for a core), so its allreduces gain that much, the first
   bucket's and, where it carries fewer bytes than the burst, the next ones' (the bucket
   serves the link's next bytes, whichever allreduce they belong to); Pipe-SGD's link
   idles only when compute is the longer side, where communication is hidden anyway, so
