@@ -10,7 +10,8 @@ The timing model stretches compute by R t / C where R ranks of t threads share C
 and counts the comm thread's CPU from its kernels and bytes (docs/timing_model.md,
 "Uneven sharing"). Here every configuration trains `--steps` steps in one run (the last
 two thirds timed), so a rank that runs ahead and one that falls behind average out: the
-figure is the slowest rank's mean, the job's pace. Prints one table; writes nothing.
+figure is the slowest rank's mean, the job's pace. Prints a table and the unit's stretches;
+writes nothing.
 """
 
 from __future__ import annotations
