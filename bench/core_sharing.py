@@ -52,8 +52,9 @@ def stretch(slowest_mean_s: float, unit_s: float) -> float:
 
 
 def label(staleness: int, compression: str, poll_while_waited: bool) -> str:
-    name = ("D-Sync" if staleness == 1 else "Pipe-SGD") + ("+Q" if compression == "quant8"
-                                                           else "")
+    from pipesgd.timing import Config
+
+    name = Config(staleness, compression, "sequential").label
     return f"{name} ({'yield' if poll_while_waited else 'nap'})"
 
 
