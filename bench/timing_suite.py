@@ -6,7 +6,8 @@ on every rank at once (one thread each, in CPU time; rank 0's kept), then trains
 configuration (K in {1, 2} x none/trunc16/quant8 x sequential/backward overlap) with the
 engine, a few steps each in turn over several rounds, and reports each one's median
 iteration time. Then it times the contenders again (those within 10 % of the fastest),
-alone, in fresh rounds: the pick is judged on those (`pick_ratio`). The parent predicts
+alone, in fresh rounds of longer windows (half a second of steps at least): the pick is
+judged on those windows' means (`pick_ratio`). The parent predicts
 each configuration from the measured network and profile only, prints predicted beside
 measured, and checks the targets: median |pred - meas| / meas <= 10 %, worst <= 25 %,
 and in every scenario the configuration `choose` ranks first is measured fastest or
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -73,6 +75,14 @@ MIN_ROUNDS, MAX_ROUNDS = 5, 30
 # samples in the same time.
 CONFIRM_BUDGET_S = 120.0
 CONTENDER = 0.10
+# A confirmation round times each contender for a window of at least CONFIRM_WINDOW_S
+# and judges it on the window's mean, not on single steps. On shared cores K = 2 lets the
+# ranks take turns: the CIFAR100 CNN's Pipe-SGD+Q at p = 3 on 2 cores stepped 31-70 ms,
+# alternating, so the median of single steps fell anywhere between (the slowest rank's
+# read 51.7-53.9 ms in launches where rank 0's two-step windows averaged 47-49), and a
+# pick 1-4 % off the fastest in long runs (BENCHMARKS.md, "Sharing cores unevenly") read
+# 1.01-1.10 of it. A window of several turns times the pace a user trains at.
+CONFIRM_WINDOW_S = 0.5
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
 BATCH = {"mlp": 64, "cnn": 32}
@@ -190,7 +200,7 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             bucket_mb=bucket_mb, engine=engine, comm=comm)
         runs.append(Run(cfg, model, opt))
 
-    def rounds_of(subset: list[Run], phase: str, budget_s: float) -> int:
+    def rounds_of(subset: list[Run], phase: str, budget_s: float, timed: int) -> int:
         began, rounds, more = time.perf_counter(), 0, True
         while more:
             # Each round starts one configuration later, so none always follows the same
@@ -198,13 +208,16 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             first = rounds % len(subset)
             for run in subset[first:] + subset[:first]:
                 comm.Barrier()
+                window = []
                 for step in range(warmup + timed):
                     begin = time.perf_counter()
                     run.opt.zero_grad()
                     torch.nn.functional.cross_entropy(run.model(x), y).backward()
                     run.opt.step()
                     if step >= warmup:
-                        run.times[phase].append(time.perf_counter() - begin)
+                        window.append(time.perf_counter() - begin)
+                run.times[phase] += window
+                run.windows[phase].append(statistics.fmean(window))
                 # Drain before the next configuration uses the link.
                 run.opt.synchronize()
             profile_beside_others()
@@ -218,11 +231,13 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
         # the slowest rank sets the pace; every rank gets the same figure
         return comm.allreduce(statistics.median(times), op=MPI.MAX)
 
-    rounds = rounds_of(runs, "screen", ROUND_BUDGET_S)
+    rounds = rounds_of(runs, "screen", ROUND_BUDGET_S, timed)
     screened = [slowest_rank_median(run.times["screen"]) for run in runs]
     contenders = [run for run, t in zip(runs, screened, strict=True)
                   if t <= (1 + CONTENDER) * min(screened)]
-    confirm_rounds = rounds_of(contenders, "confirm", CONFIRM_BUDGET_S) \
+    # every rank the same count: from the slowest rank's figures, which all ranks share
+    confirm_timed = window_steps(timed, min(screened))
+    confirm_rounds = rounds_of(contenders, "confirm", CONFIRM_BUDGET_S, confirm_timed) \
         if len(contenders) > 1 else 0
     results = []
     for run in runs:
@@ -232,14 +247,22 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
         results.append({"staleness": cfg.staleness, "compression": cfg.compression,
                         "overlap": cfg.overlap,
                         "measured_s": slowest_rank_median(screen + confirm),
-                        "confirmed_s": slowest_rank_median(confirm) if confirm else None,
+                        "confirmed_s": comm.allreduce(statistics.median(
+                            run.windows["confirm"]), op=MPI.MAX) if confirm else None,
                         "rank0_iterations_s": screen, "rank0_confirm_iterations_s": confirm})
     engine.shutdown()
     if rank == 0:
         prof = median_profile(profiles)
         Path(out).write_text(json.dumps({
             "network": net.to_dict(), "profile": prof.to_dict(), "rounds": rounds,
-            "confirm_rounds": confirm_rounds, "runs": results}, indent=2))
+            "confirm_rounds": confirm_rounds, "confirm_timed_steps": confirm_timed,
+            "runs": results}, indent=2))
+
+
+def window_steps(timed: int, step_s: float) -> int:
+    """Timed steps per confirmation window: `timed`, or enough to fill CONFIRM_WINDOW_S
+    at `step_s` each, whichever is more."""
+    return max(timed, math.ceil(CONFIRM_WINDOW_S / step_s)) if step_s > 0 else timed
 
 
 @dataclass
@@ -251,6 +274,9 @@ class Run:
     opt: Any
     times: dict[str, list[float]] = dataclasses.field(
         default_factory=lambda: {"screen": [], "confirm": []})
+    # each round's mean over its timed steps
+    windows: dict[str, list[float]] = dataclasses.field(
+        default_factory=lambda: {"screen": [], "confirm": []})
 
 
 def config_key(run: dict) -> tuple:
@@ -258,7 +284,7 @@ def config_key(run: dict) -> tuple:
 
 
 def pick_ratio(runs: list[dict], pick: tuple) -> float:
-    """The pick's measured time over the fastest's: on the confirmation rounds where the
+    """The pick's measured time over the fastest's: on the confirmation windows where the
     pick was a contender, else on every round (runs from before confirmation have none)."""
     confirmed = {config_key(r): r["confirmed_s"] for r in runs if r.get("confirmed_s")}
     if pick in confirmed:

@@ -60,6 +60,13 @@ def test_a_pick_that_was_no_contender_is_judged_on_every_round() -> None:
     assert suite.pick_ratio(runs, (2, "none", "sequential")) == pytest.approx(3.0)
 
 
+def test_confirmation_windows_last_half_a_second_or_the_pace_s_steps() -> None:
+    assert suite.window_steps(10, 0.005) == 100  # the MLP: 100 steps of 5 ms
+    assert suite.window_steps(2, 0.05) == 10  # the CIFAR100 CNN: several turns of K = 2
+    assert suite.window_steps(2, 0.8) == 2  # a slow CNN keeps its pace's steps
+    assert suite.window_steps(2, 0.0) == 2
+
+
 def test_runs_from_before_confirmation_are_judged_on_their_medians() -> None:
     runs = [{k: v for k, v in run(1, "quant8", 1.06).items() if k != "confirmed_s"},
             {k: v for k, v in run(2, "quant8", 1.0).items() if k != "confirmed_s"}]
