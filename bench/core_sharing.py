@@ -10,8 +10,11 @@ The timing model stretches compute by R t / C where R ranks of t threads share C
 and counts the comm thread's CPU from its kernels and bytes (docs/timing_model.md,
 "Uneven sharing"). Here every configuration trains `--steps` steps in one run (the last
 two thirds timed), so a rank that runs ahead and one that falls behind average out: the
-figure is the slowest rank's mean, the job's pace. Prints a table and the unit's stretches;
-writes nothing.
+figure is the slowest rank's mean, the job's pace. Beside it, per iteration, where each
+rank's CPU goes, from the scheduler's accounting of every thread: forward and backward
+(and how long they waited for a core), `step()` (the optimizer, its bookkeeping and its
+waits), the comm thread; and R x that CPU / C, the iteration the host's cores allow.
+Prints a table and the unit's stretches; writes nothing.
 """
 
 from __future__ import annotations
@@ -20,30 +23,43 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 CONFIGS = ((1, "quant8"), (2, "quant8"), (1, "none"), (2, "none"))
-CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_times(tid: int | str) -> tuple[float, float]:
+    """(seconds on a core, seconds runnable but waiting for one) of thread `tid` of this
+    process, from the scheduler's own accounting (nanoseconds, where /proc/.../stat
+    counts clock ticks)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        run_ns, wait_ns, _ = (int(v) for v in f.read().split())
+    return run_ns * 1e-9, wait_ns * 1e-9
 
 
 def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of this process, by name and id: the
-    comm thread's system time holds the kernel's network work it does."""
+    """CPU seconds of each thread of this process, by name and id: the comm thread's
+    includes the kernel's network work it does."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out[f"{name}:{tid}"] = thread_times(tid)[0]
         except OSError:  # the thread ended
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat.rsplit(")", 1)[1].split()
-        out[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
     return out
 
 
 def comm_thread_cpu(before: dict[str, float], after: dict[str, float]) -> float:
     """CPU seconds the engine's comm threads burnt between two `thread_cpu_s` readings."""
     return sum(after[k] - before.get(k, 0.0) for k in after if k.startswith("pipesgd-comm"))
+
+
+def host_bound(ranks: int, cores: int, *cpu_s: float) -> float:
+    """The iteration the host's cores allow when each of `ranks` ranks burns the sum of
+    `cpu_s` per iteration on `cores` cores."""
+    return ranks * sum(cpu_s) / cores
 
 
 def stretch(slowest_mean_s: float, unit_s: float) -> float:
@@ -58,10 +74,26 @@ def label(staleness: int, compression: str, poll_while_waited: bool) -> str:
     return f"{name} ({'yield' if poll_while_waited else 'nap'})"
 
 
-def train_rows(args: argparse.Namespace, comm) -> list[tuple]:
-    """(configuration, slowest rank's mean iteration s, compute thread CPU s, comm thread
-    CPU s per iteration), every configuration with the engine's waited polling on and off,
-    alternating, twice."""
+@dataclass
+class Row:
+    """One configuration's run: the slowest rank's mean iteration (the job's pace) and,
+    per iteration, the median rank's CPU of forward and backward (its median), the time
+    they waited for a core, the CPU of `step()` (the optimizer and its waits) and of the
+    comm thread (means)."""
+
+    label: str
+    iteration_s: float
+    compute_s: float
+    compute_wait_s: float
+    step_s: float
+    comm_s: float
+
+
+def train_rows(args: argparse.Namespace, comm) -> list[Row]:
+    """Every configuration with the engine's waited polling on and off, alternating,
+    twice."""
+    import threading
+
     import torch
 
     import pipesgd
@@ -71,6 +103,11 @@ def train_rows(args: argparse.Namespace, comm) -> list[tuple]:
     gen = torch.Generator().manual_seed(comm.Get_rank())
     x = torch.randn(args.batch_size, *spec.input_shape, generator=gen)
     y = torch.randint(0, spec.num_classes, (args.batch_size,), generator=gen)
+    me = threading.get_native_id()
+
+    def median_rank(value: float) -> float:
+        return statistics.median(comm.allgather(value))
+
     rows = []
     for _ in range(2):
         for staleness, compression in CONFIGS:
@@ -83,25 +120,32 @@ def train_rows(args: argparse.Namespace, comm) -> list[tuple]:
                     engine=engine, comm=comm)
                 skip = args.steps // 3
                 comm.Barrier()
-                compute = []
+                compute, compute_wait, step_cpu = [], 0.0, 0.0
                 for step in range(args.steps):
                     if step == skip:
                         began, threads = time.perf_counter(), thread_cpu_s()
-                    cpu = time.thread_time()
+                    # CPU from the thread's clock (the scheduler's accounting of a
+                    # running thread lags by its current slice); the wait for a core,
+                    # which ends at a switch, from the scheduler's
+                    cpu0, wait0 = time.thread_time(), thread_times(me)[1]
                     opt.zero_grad()
                     torch.nn.functional.cross_entropy(model(x), y).backward()
-                    compute.append(time.thread_time() - cpu)
+                    cpu1, wait1 = time.thread_time(), thread_times(me)[1]
                     opt.step()
+                    if step >= skip:
+                        compute.append(cpu1 - cpu0)
+                        compute_wait += wait1 - wait0
+                        step_cpu += time.thread_time() - cpu1
                 steps = args.steps - skip
                 mean = (time.perf_counter() - began) / steps
                 comm_cpu = comm_thread_cpu(threads, thread_cpu_s()) / steps
                 opt.synchronize()
                 opt.remove_hooks()
                 engine.shutdown()
-                rows.append((label(staleness, compression, waited),
-                             max(comm.allgather(mean)),
-                             statistics.median(compute[skip:]),
-                             statistics.median(comm.allgather(comm_cpu))))
+                rows.append(Row(label(staleness, compression, waited), max(comm.allgather(mean)),
+                                median_rank(statistics.median(compute)),
+                                median_rank(compute_wait / steps),
+                                median_rank(step_cpu / steps), median_rank(comm_cpu)))
     return rows
 
 
@@ -171,11 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     if comm.Get_rank() == 0:
         print(f"{ranks} ranks on {cores} cores (R t / C = {max(1.0, ranks / cores):.2f}), "
               f"{args.model}, batch {args.batch_size}, {args.bucket_mb:g} MB buckets")
-        print(f"{'configuration':22s} {'iteration ms':>12s} {'compute CPU ms':>14s} "
-              f"{'comm thread CPU ms':>18s} {'stretch':>8s}")
-        for name, mean, compute, comm_cpu in rows:
-            print(f"{name:22s} {mean * 1e3:12.2f} {compute * 1e3:14.2f} "
-                  f"{comm_cpu * 1e3:18.2f} {stretch(mean, compute):8.2f}")
+        print(f"{'configuration':22s} {'iteration':>9s} {'fwd+bwd CPU':>11s} "
+              f"{'waiting':>7s} {'step CPU':>8s} {'comm CPU':>8s} {'R x CPU / C':>11s} "
+              f"{'stretch':>7s}   (ms per iteration)")
+        for row in rows:
+            bound = host_bound(ranks, cores, row.compute_s, row.step_s, row.comm_s)
+            print(f"{row.label:22s} {row.iteration_s * 1e3:9.2f} {row.compute_s * 1e3:11.2f} "
+                  f"{row.compute_wait_s * 1e3:7.2f} {row.step_s * 1e3:8.2f} "
+                  f"{row.comm_s * 1e3:8.2f} {bound * 1e3:11.2f} "
+                  f"{stretch(row.iteration_s, row.compute_s):7.2f}")
         for unit, by_k in units.items():
             print(f"spinning unit {unit:g} ms: stretch D-Sync coupling {by_k[1]:.2f}, "
                   f"Pipe-SGD coupling {by_k[2]:.2f}")
