@@ -11,9 +11,9 @@ and counts the comm thread's CPU from its kernels and bytes (docs/timing_model.m
 "Uneven sharing"). Here every configuration trains `--steps` steps in one run (the last
 two thirds timed), so a rank that runs ahead and one that falls behind average out: the
 figure is the slowest rank's mean, the job's pace. Beside it, per iteration, where each
-rank's CPU goes, from the scheduler's accounting of every thread: forward and backward
-(and how long they waited for a core), `step()` (the optimizer, its bookkeeping and its
-waits), the comm thread; and R x that CPU / C, the iteration the host's cores allow.
+rank's CPU goes: forward and backward (and how long they waited for a core), `step()`
+(the optimizer, its bookkeeping and its waits), the comm thread (the scheduler's account
+of it); and R x that CPU / C, the iteration the host's cores allow.
 Prints a table and the unit's stretches; writes nothing.
 """
 

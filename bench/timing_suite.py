@@ -79,9 +79,8 @@ CONTENDER = 0.10
 # and judges it on the window's mean, not on single steps. On shared cores K = 2 lets the
 # ranks take turns: the CIFAR100 CNN's Pipe-SGD+Q at p = 3 on 2 cores stepped 31-70 ms,
 # alternating, so the median of single steps fell anywhere between (the slowest rank's
-# read 51.7-53.9 ms in launches where rank 0's two-step windows averaged 47-49), and a
-# pick 1-4 % off the fastest in long runs (BENCHMARKS.md, "Sharing cores unevenly") read
-# 1.01-1.10 of it. A window of several turns times the pace a user trains at.
+# read 51.7-53.9 ms in launches where rank 0's two-step windows averaged 47-49). A
+# window of several turns times the pace a user trains at.
 CONFIRM_WINDOW_S = 0.5
 # repetitions of each profile, one before the rounds and one after each
 PROFILE_REPEATS = {"mlp": 10, "cnn": 4}
