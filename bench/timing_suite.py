@@ -207,16 +207,13 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
             first = rounds % len(subset)
             for run in subset[first:] + subset[:first]:
                 comm.Barrier()
-                window = []
                 for step in range(warmup + timed):
                     begin = time.perf_counter()
                     run.opt.zero_grad()
                     torch.nn.functional.cross_entropy(run.model(x), y).backward()
                     run.opt.step()
                     if step >= warmup:
-                        window.append(time.perf_counter() - begin)
-                run.times[phase] += window
-                run.windows[phase].append(statistics.fmean(window))
+                        run.times[phase].append(time.perf_counter() - begin)
                 # Drain before the next configuration uses the link.
                 run.opt.synchronize()
             profile_beside_others()
@@ -247,7 +244,8 @@ def worker(model_name: str, batch_size: int, bucket_mb: float, out: str) -> None
                         "overlap": cfg.overlap,
                         "measured_s": slowest_rank_median(screen + confirm),
                         "confirmed_s": comm.allreduce(statistics.median(
-                            run.windows["confirm"]), op=MPI.MAX) if confirm else None,
+                            window_means(confirm, confirm_timed)), op=MPI.MAX)
+                        if confirm else None,
                         "rank0_iterations_s": screen, "rank0_confirm_iterations_s": confirm})
     engine.shutdown()
     if rank == 0:
@@ -264,6 +262,11 @@ def window_steps(timed: int, step_s: float) -> int:
     return max(timed, math.ceil(CONFIRM_WINDOW_S / step_s)) if step_s > 0 else timed
 
 
+def window_means(times: list[float], steps: int) -> list[float]:
+    """The mean of each round's window: `times` holds `steps` timed steps per round."""
+    return [statistics.fmean(times[i:i + steps]) for i in range(0, len(times), steps)]
+
+
 @dataclass
 class Run:
     """One configuration's optimizer and its iteration times, by phase."""
@@ -272,9 +275,6 @@ class Run:
     model: Any
     opt: Any
     times: dict[str, list[float]] = dataclasses.field(
-        default_factory=lambda: {"screen": [], "confirm": []})
-    # each round's mean over its timed steps
-    windows: dict[str, list[float]] = dataclasses.field(
         default_factory=lambda: {"screen": [], "confirm": []})
 
 

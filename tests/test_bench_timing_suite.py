@@ -67,6 +67,12 @@ def test_confirmation_windows_last_half_a_second_or_the_pace_s_steps() -> None:
     assert suite.window_steps(2, 0.0) == 2
 
 
+def test_a_window_is_one_round_s_timed_steps():
+    # two rounds of three steps: Pipe-SGD's alternating short and long steps average out
+    assert suite.window_means([0.03, 0.06, 0.03, 0.06, 0.03, 0.06], 3) == \
+        pytest.approx([0.04, 0.05])
+
+
 def test_runs_from_before_confirmation_are_judged_on_their_medians() -> None:
     runs = [{k: v for k, v in run(1, "quant8", 1.06).items() if k != "confirmed_s"},
             {k: v for k, v in run(2, "quant8", 1.0).items() if k != "confirmed_s"}]
