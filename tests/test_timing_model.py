@@ -157,7 +157,8 @@ def test_compression_on_critical_path_of_dsync_hidden_by_pipe():
 def test_token_bucket_burst_shortens_dsync_only():
     # p=4, n=4e6: each link carries 6e6 bytes (6 ms at 1 ns/B); a 1e6-byte bucket refills
     # during the 35 ms of compute, so D-Sync's ring saves 1 ms; Pipe-SGD's link never
-    # idles while it is the longer side, so nothing changes there.
+    # idles while it is the longer side, and the bucket holds a sixth of its bytes, so
+    # nothing changes there.
     pr = prof()
     plain, bucket = net(), net(burst_bytes=1e6)
     comm = M.eq5_ring_comm(4, 4e6, 1e-5, 1e-9, 1e-10, 2e-5)
@@ -178,6 +179,34 @@ def test_token_bucket_burst_shortens_dsync_only():
     assert M.burst_saving(net(burst_bytes=1e9), 10.0, 6e-3) == pytest.approx(6e-3)
     with pytest.raises(ValueError, match="burst_bytes"):
         net(burst_bytes=-1.0)
+
+
+def test_token_bucket_that_holds_an_iteration_sends_pipe_sgd_at_line_rate():
+    # 0.3 ms of compute beside a ring that puts 6e6 bytes on each link: 6 ms at the
+    # token rate, 0.38 ms off the wire (latency 6 x 10 us, sums 3e6 B x 0.1 ns, sync
+    # 20 us). A bucket of 6e6 bytes is full again after each 6 ms iteration and sends
+    # every byte at line rate: the link's rate, not the ring's 6.38 ms, bounds Pipe-SGD.
+    slow = prof(forward_s=1e-4, backward_s=1e-4, update_s=1e-4)
+    off_wire = 6e-5 + 3e-4 + 2e-5
+    plain = predict(slow, net(), 4, staleness=2)
+    assert plain.predicted_s == pytest.approx(6e-3 + off_wire)
+    held = predict(slow, net(burst_bytes=6e6), 4, staleness=2)
+    assert held.details["burst_saving_s"] == pytest.approx(6e-3)
+    assert held.predicted_s == pytest.approx(6e-3)
+    assert held.comm_s == pytest.approx(off_wire)
+    assert held.bound == "communication" and "token bucket that holds them" in held.reason
+    assert sum(held.breakdown.values()) == pytest.approx(held.predicted_s)
+    # a bucket a byte short refills only in the ring's gaps: no saving counted
+    short = predict(slow, net(burst_bytes=6e6 - 1), 4, staleness=2)
+    assert short.predicted_s == pytest.approx(plain.predicted_s)
+    assert short.details["burst_saving_s"] == 0.0
+    # compute longer than the transfer hides the ring either way
+    assert predict(prof(), net(burst_bytes=6e6), 4, staleness=2).predicted_s == \
+        pytest.approx(predict(prof(), net(), 4, staleness=2).predicted_s)
+    # off the wire longer than the transfer: the ring's own time bounds it
+    slow_ring = net(burst_bytes=6e6, alpha_s=2e-3)
+    assert predict(slow, slow_ring, 4, staleness=2).predicted_s == pytest.approx(
+        6 * 2e-3 + 3e-4 + 2e-5)
 
 
 def test_token_bucket_refills_while_the_last_ring_step_waits_for_a_core():

@@ -93,9 +93,12 @@ Extensions (`ring_allreduce_cost`, `in_place_allreduce_cost`, `predict`):
   computes, and for the ring's time off the wire: latency, kernels, sync, staging, the
   last step's wait for a core), so its allreduces gain that much, the first
   bucket's and, where it carries fewer bytes than the burst, the next ones' (the bucket
-  serves the link's next bytes, whichever allreduce they belong to); Pipe-SGD's link
-  idles only when compute is the longer side, where communication is hidden anyway, so
-  its prediction does not change (`burst_saving`).
+  serves the link's next bytes, whichever allreduce they belong to; `burst_saving`).
+  Pipe-SGD's allreduce runs beside compute, and its link idles between them: where the
+  bucket holds every byte an iteration puts on the link it is full again at each start
+  and sends them all at line rate, and the link's token rate (the transfer) bounds the
+  iteration instead; a smaller bucket saves Pipe-SGD nothing in the model
+  (`pipelined_burst_saving`).
 """
 
 from __future__ import annotations
@@ -248,6 +251,19 @@ def burst_saving(net: NetworkParams, idle_s: float, transfer_s: float) -> float:
     """Transfer seconds a token-bucket link saves after idling `idle_s`: the bucket has
     refilled min(burst, idle/β) bytes, which go at line rate (at most the whole transfer)."""
     return max(0.0, min(net.burst_bytes * net.beta_s_per_byte, idle_s, transfer_s))
+
+
+def pipelined_burst_saving(net: NetworkParams, transfer_s: float) -> float:
+    """Transfer seconds Pipe-SGD's allreduces save on a token-bucket link: all of them
+    where the bucket holds every byte an iteration puts on the link (burst·β >= the
+    transfer), else none. Its allreduce runs beside compute, so the link idles between
+    them for the iteration less the allreduce; and the iteration is no shorter than its
+    transfer (the link's token rate), so the bucket is full again at each start. Below
+    that size the saving depends on how the ring's gaps refill the bucket, which the
+    recorded runs put short of what those gaps would give (docs/timing_model.md)."""
+    if net.burst_bytes * net.beta_s_per_byte >= transfer_s:
+        return transfer_s
+    return 0.0
 
 
 def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> float:
@@ -642,35 +658,45 @@ def predict(
                 breakdown["contention"] += slowest - iteration
                 iteration, bound = slowest, "cpu"
     else:
+        # On a token bucket that holds an iteration's bytes they leave at line rate, and
+        # the link's token rate bounds the iteration instead.
+        burst_s = pipelined_burst_saving(network, total.transfer)
+        comm_wall -= burst_s
+        wire_s -= burst_s
         loaded = loaded_comm_seconds(comm_wall, compute_wall,
                                      sum(core_wait_seconds(c, network) for c in costs))
-        overlapped = max(compute_wall, loaded, cpu_bound)
+        link = max(loaded, total.transfer if burst_s else 0.0)
+        overlapped = max(compute_wall, link, cpu_bound)
         serial = compute_wall + comm_wall + last_step_wait
         iteration = toward_serial(overlapped, serial, unshared)
         serialized = iteration > overlapped
         if serialized:
             exposed = min(comm_wall, iteration - compute_wall)
-            breakdown["communication"] = exposed * wire_s / comm_wall
-            breakdown["compression"] = exposed * kern_s / comm_wall
-            breakdown["staging"] = exposed * stage_s / comm_wall
+            share = exposed / comm_wall if comm_wall > 0 else 0.0
+            breakdown["communication"] = share * wire_s
+            breakdown["compression"] = share * kern_s
+            breakdown["staging"] = share * stage_s
             breakdown["contention"] = iteration - compute_work - exposed
             bound = "cpu"
-        elif loaded >= max(compute_wall, cpu_bound) and loaded > compute_work:
-            exposed = loaded - compute_work
-            breakdown["communication"] = exposed * wire_s / loaded
-            breakdown["compression"] = exposed * kern_s / loaded
-            breakdown["staging"] = exposed * stage_s / loaded
-            breakdown["contention"] = exposed * (loaded - comm_wall) / loaded
+        elif link >= max(compute_wall, cpu_bound) and link > compute_work:
+            exposed = link - compute_work
+            breakdown["communication"] = exposed * (wire_s + link - loaded) / link
+            breakdown["compression"] = exposed * kern_s / link
+            breakdown["staging"] = exposed * stage_s / link
+            breakdown["contention"] = exposed * (loaded - comm_wall) / link
             bound = "communication"
         else:
             breakdown["contention"] = iteration - compute_work
-            bound = "cpu" if cpu_bound > compute_wall and cpu_bound > loaded else "compute"
+            bound = "cpu" if cpu_bound > compute_wall and cpu_bound > link else "compute"
 
     ms = 1e3
     staged = f", staging {stage_s * ms:.2f} ms" if stage_s else ""
     why = (f"compute {compute_wall * ms:.2f} ms vs communication {comm_wall * ms:.2f} ms "
            f"(wire {wire_s * ms:.2f} ms, kernels {kern_s * ms:.2f} ms{staged}, "
            f"L={len(buckets)})")
+    if staleness > 1 and burst_s:
+        why += (f", its bytes at line rate from a token bucket that holds them, the link's "
+                f"rate {total.transfer * ms:.2f} ms")
     if loaded > comm_wall:
         why += f", {loaded * ms:.2f} ms while compute keeps the shared cores busy"
     if serialized:
