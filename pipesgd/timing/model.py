@@ -261,9 +261,8 @@ def pipelined_burst_saving(net: NetworkParams, transfer_s: float) -> float:
     transfer (the link's token rate), so the bucket is full again at each start. Below
     that size the saving depends on how the ring's gaps refill the bucket, which the
     recorded runs put short of what those gaps would give (docs/timing_model.md)."""
-    if net.burst_bytes * net.beta_s_per_byte >= transfer_s:
-        return transfer_s
-    return 0.0
+    held = burst_saving(net, math.inf, transfer_s)  # what a full bucket sends at once
+    return transfer_s if held >= transfer_s else 0.0
 
 
 def loaded_comm_seconds(comm_s: float, compute_s: float, delay_s: float) -> float:
