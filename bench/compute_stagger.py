@@ -1,6 +1,7 @@
 """Whether the ranks compute in step: each rank's forward and backward in training, timed
-on the machine's monotonic clock (one clock for every rank of a host), and how many
-ranks compute at once.
+on the machine's monotonic clock (one clock for every rank of a host), how many ranks
+compute at once, and where an iteration goes between the ranks' computing and their
+allreduce.
 
     python bench/netem.py --np 4 --rate 500mbit --burst 128KiB -- \\
         python bench/compute_stagger.py --bucket-mb 0.25
@@ -9,7 +10,11 @@ The timing model stretches compute by R t / C where R ranks of t threads share C
 as if every rank computed at once, and charges the ring's steps beside that compute a
 wait for a core measured with every rank spinning at once (`measure`'s λ_load). This
 shows how far training is from that (docs/timing_model.md, "Ranks do not compute in
-step"). Prints one line per configuration; writes nothing.
+step"). Per configuration it prints the iteration, a rank's compute, the spread of the
+ranks' starts, the ranks computing at once, and the iteration in two parts: "last in",
+from the first rank's start to the last rank's call of `step()` (compute, and how far
+apart the ranks do it), and "after", from there to the first rank's return from
+`step()` (the allreduce once every rank has joined it, and the update). Writes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import argparse
 import statistics
 import time
 
-CONFIGS = ((1, "quant8"), (2, "quant8"), (1, "none"), (2, "none"))
+CONFIGS = {"quant8": ((1, "quant8"), (2, "quant8"), (1, "none"), (2, "none")),
+           "d-sync": ((1, "quant8"), (1, "trunc16"), (1, "none"))}
 
 
 def overlap_with_others(every: list[list[tuple[float, float]]], rank: int, i: int) -> float:
@@ -31,7 +37,9 @@ def overlap_with_others(every: list[list[tuple[float, float]]], rank: int, i: in
 
 
 def summarize(label: str, every: list[list[tuple[float, float]]], starts: list[float],
-              skip: int) -> str:
+              returns: list[list[float]], skip: int) -> str:
+    """`every[rank][i]`: (start, end) of that rank's compute in step i, which ends where it
+    calls `step()`; `returns[rank][i]`: when that call returned; `starts`: rank 0's."""
     steps = range(skip, len(starts) - 4)
     iteration = statistics.median(starts[i + 1] - starts[i] for i in steps)
     compute = statistics.median(every[r][i][1] - every[r][i][0]
@@ -40,8 +48,13 @@ def summarize(label: str, every: list[list[tuple[float, float]]], starts: list[f
                                for i in steps)
     at_once = statistics.mean(overlap_with_others(every, r, i)
                               for r in range(len(every)) for i in steps)
+    last_in = statistics.median(max(s[i][1] for s in every) - min(s[i][0] for s in every)
+                                for i in steps)
+    after = statistics.median(min(r[i] for r in returns) - max(s[i][1] for s in every)
+                              for i in steps)
     return (f"{label:12s} iteration {iteration * 1e3:7.2f} ms   compute {compute * 1e3:6.2f} ms"
-            f"   starts spread {spread * 1e3:5.2f} ms   ranks computing at once {at_once:.2f}")
+            f"   starts spread {spread * 1e3:5.2f} ms   ranks computing at once {at_once:.2f}"
+            f"   last in {last_in * 1e3:6.2f} ms   after {after * 1e3:6.2f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--steps", type=int, default=150, help="per configuration (50 untimed)")
+    ap.add_argument("--configs", choices=sorted(CONFIGS), default="quant8",
+                    help="quant8: D-Sync and Pipe-SGD, with quant8 and without; d-sync: "
+                         "D-Sync in every compression mode")
     args = ap.parse_args(argv)
 
     import torch
@@ -69,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(f"{comm.Get_size()} ranks, {args.model}, batch {args.batch_size}, "
               f"{args.bucket_mb:g} MB buckets")
-    for staleness, compression in CONFIGS:
+    for staleness, compression in CONFIGS[args.configs]:
         model = spec.build(seed=0)
         opt = pipesgd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=1e-3), model.named_parameters(),
             staleness=staleness, compression=compression, bucket_mb=args.bucket_mb,
             engine=engine, comm=comm)
-        spells, starts = [], []
+        spells, starts, returns = [], [], []
         comm.Barrier()
         for _ in range(args.steps):
             begin = time.monotonic()
@@ -84,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             spells.append((begin, time.monotonic()))
             starts.append(begin)
             opt.step()
+            returns.append(time.monotonic())
         opt.synchronize()
         opt.remove_hooks()
         every = comm.gather(spells, root=0)
+        every_return = comm.gather(returns, root=0)
         if rank == 0:
-            label = ("D-Sync" if staleness == 1 else "Pipe-SGD") + (
-                "+Q" if compression == "quant8" else "")
-            print(summarize(label, every, starts, skip=min(50, args.steps // 3)))
+            label = ("D-Sync" if staleness == 1 else "Pipe-SGD") + {
+                "quant8": "+Q", "trunc16": "+T", "none": ""}[compression]
+            print(summarize(label, every, starts, every_return, skip=min(50, args.steps // 3)))
     engine.shutdown()
     return 0
 
