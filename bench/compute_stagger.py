@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pipesgd
     from pipesgd.pipeline.models import MODELS
+    from pipesgd.timing import Config
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -103,11 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             returns.append(time.monotonic())
         opt.synchronize()
         opt.remove_hooks()
-        every = comm.gather(spells, root=0)
-        every_return = comm.gather(returns, root=0)
+        gathered = comm.gather((spells, returns), root=0)
         if rank == 0:
-            label = ("D-Sync" if staleness == 1 else "Pipe-SGD") + {
-                "quant8": "+Q", "trunc16": "+T", "none": ""}[compression]
+            every, every_return = (list(part) for part in zip(*gathered, strict=True))
+            label = Config(staleness, compression, "sequential").label
             print(summarize(label, every, starts, every_return, skip=min(50, args.steps // 3)))
     engine.shutdown()
     return 0
