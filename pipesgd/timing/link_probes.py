@@ -257,6 +257,13 @@ def measure_beta(comm: Any, sizes: tuple[int, int], repeats: int, segment: int,
     return max(t_large - t_small, 1e-15) / (large - small), spread
 
 
+def allreduce_bytes_for_wire(wire_bytes: int, p: int) -> int:
+    """The float32 bytes whose ring allreduce among `p` ranks puts `wire_bytes` on each
+    link (2(p-1)/p of them), in whole elements for every rank's chunk."""
+    quantum = 4 * p
+    return max(quantum, wire_bytes * p // (2 * (p - 1)) // quantum * quantum)
+
+
 def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: int,
                        gamma: float) -> tuple[float, float]:
     """β and its spread over a network: the slope of the slowest rank's uncompressed engine
@@ -265,8 +272,7 @@ def measure_ring_beta(comm: Any, engine: Any, sizes: tuple[int, int], repeats: i
     import numpy as np
 
     p = comm.Get_size()
-    quantum = 4 * p  # whole float32 elements in every rank's chunk
-    n_sizes = tuple(max(quantum, m * p // (2 * (p - 1)) // quantum * quantum) for m in sizes)
+    n_sizes = tuple(allreduce_bytes_for_wire(m, p) for m in sizes)
     medians: dict[int, float] = {}
     spread = 0.0
     for n in n_sizes:
