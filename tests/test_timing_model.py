@@ -584,6 +584,16 @@ def test_per_wire_byte_slope_less_reduction_by_hand():
     assert per_wire_byte({1000: 2e-5, 3000: 1e-5}, sizes, 4, gamma) == 0.0
 
 
+def test_allreduce_bytes_for_wire_puts_the_asked_bytes_on_each_link():
+    from pipesgd.timing.link_probes import allreduce_bytes_for_wire
+
+    for p in (2, 3, 4, 7):
+        n = allreduce_bytes_for_wire(4 << 20, p)
+        assert n % (4 * p) == 0  # whole float32 elements in every rank's chunk
+        wire = 2 * (p - 1) / p * n
+        assert 4 << 20 >= wire > (4 << 20) - 2 * (p - 1) * 4  # under by less than a quantum
+    assert allreduce_bytes_for_wire(1, 4) == 16  # never empty
+
 def test_kernel_costs_from_before_the_fused_owner_hop():
     # Older descriptions timed the owner's hop as decode_add, then encode and decode.
     old = {"encode": 1e-10, "decode_add_encode": 3e-10, "decode": 2e-10, "decode_add": 4e-10}
