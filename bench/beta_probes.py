@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import pipesgd
     from pipesgd.timing.host_costs import Spinner
-    from pipesgd.timing.link_probes import allreduce_bytes_for_wire, per_wire_byte
+    from pipesgd.timing.link_probes import (
+        allreduce_bytes_for_wire,
+        per_wire_byte,
+        slowest_seconds,
+    )
 
     comm = MPI.COMM_WORLD
     p = comm.Get_size()
@@ -65,19 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     engine = pipesgd.Engine(comm, board_bytes=0)  # the ring, as `measure` times it
     spinner = Spinner()
 
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            spinner.unit()
+
     def slowest_median(run: Callable[[], object], compute_s: float) -> float:
-        walls = []
-        for i in range(1 + args.repeats):  # one warm-up
-            comm.Barrier()
-            end = time.perf_counter() + compute_s
-            while time.perf_counter() < end:
-                spinner.unit()
-            start = time.perf_counter()
-            run()
-            wall = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-            if i > 0:
-                walls.append(wall)
-        return statistics.median(walls)
+        return statistics.median(slowest_seconds(comm, run, args.repeats, warmups=1,
+                                                 before=lambda: spin(compute_s)))
 
     def by_caller(buf: np.ndarray) -> Callable[[], object]:
         return lambda: engine.allreduce(buf)

@@ -222,15 +222,18 @@ def _ring_step(comm: Any, send: Any, recv: Any, segment: int, polite: bool) -> N
     _wait(requests, polite)
 
 
-def slowest_seconds(comm: Any, run: Callable[[], None], repeats: int,
-                    warmups: int) -> list[float]:
-    """The slowest rank's seconds of `run` (started together after a barrier), each of
-    `repeats` timed calls after `warmups` untimed ones (collective)."""
+def slowest_seconds(comm: Any, run: Callable[[], object], repeats: int,
+                    warmups: int, before: Callable[[], object] | None = None) -> list[float]:
+    """The slowest rank's seconds of `run` (started together after a barrier, then
+    `before`, untimed, if given), each of `repeats` timed calls after `warmups` untimed
+    ones (collective)."""
     from mpi4py import MPI
 
     walls = []
     for i in range(warmups + repeats):
         comm.Barrier()
+        if before is not None:
+            before()
         start = time.perf_counter()
         run()
         slowest = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
